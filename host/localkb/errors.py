@@ -1,0 +1,148 @@
+"""The one error tree of LocalKB.
+
+Every error the core raises is a ``LocalKBError`` with a stable, machine-readable
+``code``; the CLI turns it into an exit code and the host into an error reply.
+Third-party errors (onnxruntime, usearch, Whoosh, sqlite, httpx) are mapped at
+the boundary with ``raise X(...) from err``.
+
+    LocalKBError                    code
+    ├── InvalidInput                invalid_input
+    │   ├── InvalidArchive          invalid_archive
+    │   ├── InvalidDocument         invalid_document
+    │   └── ProtocolError           protocol_error
+    ├── NotFound                    not_found
+    │   ├── KnowledgeBaseNotFound   kb_not_found
+    │   └── SourceNotFound          source_not_found
+    ├── Conflict                    conflict
+    ├── EmbeddingUnavailable        embedding_unavailable
+    ├── ModelMismatch               model_mismatch
+    ├── IndexUnavailable            index_unavailable
+    ├── StoreError                  store_error
+    ├── NothingWritten              nothing_written
+    ├── FetchFailed                 fetch_failed
+    ├── LLMUnavailable              llm_unavailable
+    ├── PrivacyBlocked              privacy_blocked
+    ├── DecryptionFailed            decryption_failed
+    └── Cancelled                   cancelled
+"""
+
+from __future__ import annotations
+
+
+class LocalKBError(Exception):
+    """Base of every error LocalKB raises on purpose."""
+
+    code = "localkb_error"
+
+    def __init__(self, message: str, *, detail: dict | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail = detail or {}
+
+    def to_dict(self) -> dict:
+        out = {"code": self.code, "message": self.message}
+        if self.detail:
+            out["detail"] = self.detail
+        return out
+
+
+class InvalidInput(LocalKBError):
+    """The caller sent something malformed (a field of the wrong type, a bad name)."""
+
+    code = "invalid_input"
+
+
+class InvalidArchive(InvalidInput):
+    """An .awkb file failed validation; nothing was written."""
+
+    code = "invalid_archive"
+
+
+class InvalidDocument(InvalidInput):
+    """A document could not be read (a broken PDF, undecodable bytes, no text)."""
+
+    code = "invalid_document"
+
+
+class ProtocolError(InvalidInput):
+    """A native-messaging frame or request could not be understood."""
+
+    code = "protocol_error"
+
+
+class NotFound(LocalKBError):
+    code = "not_found"
+
+
+class KnowledgeBaseNotFound(NotFound):
+    code = "kb_not_found"
+
+
+class SourceNotFound(NotFound):
+    code = "source_not_found"
+
+
+class Conflict(LocalKBError):
+    """The request clashes with what is stored (a name already taken)."""
+
+    code = "conflict"
+
+
+class EmbeddingUnavailable(LocalKBError):
+    """The embedder could not produce valid vectors; nothing partial is returned."""
+
+    code = "embedding_unavailable"
+
+
+class ModelMismatch(LocalKBError):
+    """Vectors or an index belong to a different model than the knowledge base."""
+
+    code = "model_mismatch"
+
+
+class IndexUnavailable(LocalKBError):
+    """A derived index could not be opened or repaired."""
+
+    code = "index_unavailable"
+
+
+class StoreError(LocalKBError):
+    """The catalogue could not be read or written."""
+
+    code = "store_error"
+
+
+class NothingWritten(LocalKBError):
+    """A write stored no passage at all; the reason is in the message."""
+
+    code = "nothing_written"
+
+
+class FetchFailed(LocalKBError):
+    """A URL could not be fetched (network, status, size or content type)."""
+
+    code = "fetch_failed"
+
+
+class LLMUnavailable(LocalKBError):
+    """A model endpoint could not be reached or failed mid-answer."""
+
+    code = "llm_unavailable"
+
+
+class PrivacyBlocked(LocalKBError):
+    """Strict privacy: a device-only knowledge base would have reached a cloud model."""
+
+    code = "privacy_blocked"
+
+
+class DecryptionFailed(LocalKBError):
+    """Wrong passphrase or a tampered encrypted file."""
+
+    code = "decryption_failed"
+
+
+class Cancelled(LocalKBError):
+    """The operation was cancelled; the store is as it was before it started."""
+
+    code = "cancelled"
