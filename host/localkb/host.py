@@ -255,11 +255,14 @@ def serve(
             break
         try:
             request = protocol.decode_request(body)
+            session.accept(request)
         except protocol.RequestError as err:
             log.info("bad request (%d bytes): %s", len(body), err.reason)
             session.send_error(err.request_id, err.code, err.message, err.detail)
-            continue
-        session.accept(request)
+        except Exception:
+            # Whatever input found a gap in validation costs one reply, not the port.
+            log.exception("unexpected failure reading a %d-byte request", len(body))
+            session.send_error(None, protocol.INTERNAL_ERROR, "internal error reading a request")
     session.drain(drain_seconds)
     log.info("host exiting with %d", code)
     return code

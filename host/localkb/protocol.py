@@ -177,6 +177,8 @@ def decode_request(body: bytes) -> Request:
         obj = json.loads(text)
     except ValueError as err:  # JSONDecodeError, and int strings past Python's digit limit
         raise RequestError(f"request is not valid JSON: {err}", reason="invalid_json") from err
+    except RecursionError as err:  # [[[[...]]]] nested deeper than the parser recurses
+        raise RequestError("request JSON is nested too deeply", reason="invalid_json") from err
     if not isinstance(obj, dict):
         raise RequestError(
             f"request must be a JSON object, not {type(obj).__name__}", reason="not_an_object"
