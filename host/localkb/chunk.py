@@ -1,0 +1,148 @@
+"""Token-aware chunking: at most 256 model tokens per passage, title prefix included.
+
+Splits at headings, then paragraphs, then sentences, then words; packs the
+pieces greedily with a small overlap; never lets a chunk span two PDF pages.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .extract import Document
+
+TokenCounter = Callable[[Sequence[str]], list[int]]
+
+_HEADING = re.compile(r"^#{1,6}\s")
+_PARAGRAPHS = re.compile(r"\n\s*\n")
+_SENTENCE = re.compile(r"(?<=[.!?;:])\s+(?=[\"'(\[]?[A-Z0-9À-Ý])|\n")
+TITLE_PREFIX_CHARS = 120
+
+
+@dataclass(frozen=True)
+class Chunk:
+    index: int
+    text: str
+    page: int | None
+    tokens: int
+
+
+def title_prefix(title: str | None) -> str:
+    """The short title line put in front of every passage of a source."""
+    title = (title or "").strip()
+    if len(title) > TITLE_PREFIX_CHARS:
+        title = title[:TITLE_PREFIX_CHARS].rsplit(" ", 1)[0] + "…"
+    return title
+
+
+def passage_text(title: str | None, body: str) -> str:
+    """What is embedded and keyword-indexed for a chunk: title line, then the body."""
+    prefix = title_prefix(title)
+    return f"{prefix}\n{body}" if prefix else body
+
+
+@dataclass
+class _Piece:
+    text: str
+    tokens: int
+    heading: bool = False
+
+
+def _blocks(text: str) -> list[tuple[str, bool]]:
+    """Paragraphs, with headings marked so a chunk can start at them."""
+    out: list[tuple[str, bool]] = []
+    for para in _PARAGRAPHS.split(text):
+        lines = [ln for ln in para.strip().split("\n") if ln.strip()]
+        buf: list[str] = []
+        for line in lines:
+            if _HEADING.match(line):
+                if buf:
+                    out.append(("\n".join(buf), False))
+                    buf = []
+                out.append((line, True))
+            else:
+                buf.append(line)
+        if buf:
+            out.append(("\n".join(buf), False))
+    return out
+
+
+def _split_long(text: str, budget: int, count: TokenCounter) -> list[_Piece]:
+    """Sentences, and word windows for sentences that alone exceed the budget."""
+    sentences = [s.strip() for s in _SENTENCE.split(text) if s and s.strip()]
+    sizes = count(sentences)
+    pieces: list[_Piece] = []
+    for sentence, size in zip(sentences, sizes, strict=True):
+        if size <= budget:
+            pieces.append(_Piece(sentence, size))
+            continue
+        words = sentence.split()
+        # A "word" longer than 200 characters (a URL, a blob) is cut so windows stay bounded.
+        words = [w[i : i + 200] for w in words for i in range(0, len(w), 200)]
+        wsizes = count(words)
+        cur: list[str] = []
+        cur_tokens = 0
+        for word, wsize in zip(words, wsizes, strict=True):
+            if cur and cur_tokens + wsize > budget:
+                pieces.append(_Piece(" ".join(cur), cur_tokens))
+                cur, cur_tokens = [], 0
+            cur.append(word)
+            cur_tokens += wsize
+        if cur:
+            pieces.append(_Piece(" ".join(cur), cur_tokens))
+    return pieces
+
+
+def _pieces(text: str, budget: int, count: TokenCounter) -> list[_Piece]:
+    blocks = _blocks(text)
+    sizes = count([b for b, _ in blocks])
+    pieces: list[_Piece] = []
+    for (block, heading), size in zip(blocks, sizes, strict=True):
+        if size <= budget:
+            pieces.append(_Piece(block, size, heading))
+        else:
+            pieces.extend(_split_long(block, budget, count))
+    return pieces
+
+
+def _pack(pieces: list[_Piece], budget: int, overlap: int) -> list[tuple[str, int]]:
+    chunks: list[tuple[str, int]] = []
+    cur: list[_Piece] = []
+    cur_tokens = 0
+
+    def flush() -> None:
+        if cur and any(not p.heading for p in cur):
+            chunks.append(("\n".join(p.text for p in cur), cur_tokens))
+
+    for piece in pieces:
+        # +1 for the newline joining pieces, which the tokenizer may count as nothing or one token.
+        fits = cur_tokens + piece.tokens + 1 <= budget
+        starts_section = piece.heading and cur_tokens > budget // 3
+        if cur and (not fits or starts_section):
+            flush()
+            tail = cur[-1]
+            if not starts_section and not tail.heading and tail.tokens <= overlap and (
+                tail.tokens + piece.tokens + 1 <= budget
+            ):
+                cur, cur_tokens = [tail], tail.tokens + 1
+            else:
+                cur, cur_tokens = [], 0
+        cur.append(piece)
+        cur_tokens += piece.tokens + 1
+    flush()
+    return chunks
+
+
+def chunk_document(doc: Document, count: TokenCounter, *, max_tokens: int = 256,
+                   overlap: int = 32) -> list[Chunk]:
+    """Chunks of ``doc`` whose ``passage_text`` fits in ``max_tokens`` model tokens."""
+    prefix = title_prefix(doc.title)
+    prefix_tokens = count([prefix])[0] + 1 if prefix else 0
+    # [CLS] and [SEP] take two of the model's tokens; keep a small margin for joins.
+    budget = max(32, max_tokens - 2 - prefix_tokens - 2)
+    chunks: list[Chunk] = []
+    for section in doc.sections:
+        for text, tokens in _pack(_pieces(section.text, budget, count), budget, overlap):
+            chunks.append(Chunk(len(chunks), text, section.page, tokens + prefix_tokens + 2))
+    return chunks

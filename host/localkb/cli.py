@@ -1,0 +1,383 @@
+"""The ``localkb`` command: parse, call the core, print. Nothing else lives here."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+
+from . import __version__
+from .config import Settings
+from .errors import LocalKBError
+
+EXIT_CODES = {"invalid_input": 2, "kb_not_found": 3, "source_not_found": 3, "not_found": 3,
+              "embedding_unavailable": 4, "nothing_written": 5, "cancelled": 130}
+
+
+class Out:
+    """Human text or JSON, never both."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.json = as_json
+
+    def emit(self, data: object, text: str | Callable[[], str]) -> None:
+        if self.json:
+            print(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+        else:
+            print(text() if callable(text) else text)
+
+
+def _store(args):
+    from .kb import Store
+
+    return Store(Settings.from_env())
+
+
+# -- knowledge bases ---------------------------------------------------------------
+def cmd_kb_create(args, out: Out) -> int:
+    rec = _store(args).create_kb(args.name, privacy=args.privacy, model=args.model)
+    out.emit(rec.public(), f"created {rec.name} ({rec.id}, {rec.privacy}, {rec.model})")
+    return 0
+
+
+def cmd_kb_list(args, out: Out) -> int:
+    store = _store(args)
+    rows = [{**r.public(), **store.catalog.counts(r.id)} for r in store.kbs()]
+
+    def text() -> str:
+        if not rows:
+            return "no knowledge bases yet: localkb kb create NAME"
+        lines = [f"{'name':24} {'privacy':8} {'model':20} {'sources':>7} {'chunks':>7}  id"]
+        lines += [f"{r['name'][:24]:24} {r['privacy']:8} {r['model'][:20]:20} {r['sources']:>7} "
+                  f"{r['chunks']:>7}  {r['id']}" for r in rows]
+        return "\n".join(lines)
+
+    out.emit({"knowledge_bases": rows}, text)
+    return 0
+
+
+def cmd_kb_update(args, out: Out) -> int:
+    rec = _store(args).update_kb(args.kb, name=args.name, privacy=args.privacy)
+    out.emit(rec.public(), f"updated {rec.name} ({rec.privacy})")
+    return 0
+
+
+def cmd_kb_delete(args, out: Out) -> int:
+    store = _store(args)
+    rec = store.resolve(args.kb)
+    if not args.yes and not out.json:
+        counts = store.catalog.counts(rec.id)
+        print(f"delete {rec.name} with {counts['sources']} sources and {counts['chunks']} chunks? "
+              "(y/N) ", end="", flush=True)
+        if sys.stdin.readline().strip().lower() not in {"y", "yes"}:
+            print("kept")
+            return 1
+    store.delete_kb(rec.id)
+    out.emit({"deleted": rec.id}, f"deleted {rec.name}")
+    return 0
+
+
+# -- sources -----------------------------------------------------------------------
+def cmd_add(args, out: Out) -> int:
+    from .ingest import add_paths
+
+    store = _store(args)
+    kb = store.open_kb(args.kb)
+    bar = None
+    if not out.json and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(total=0, unit="chunk", file=sys.stderr, leave=False)
+
+    def progress(ev: dict) -> None:
+        if bar is not None and ev.get("stage") == "embed":
+            bar.total = ev["total"]
+            bar.n = ev["done"]
+            bar.set_description(str(ev.get("source", ""))[-40:])
+            bar.refresh()
+
+    report = add_paths(kb, args.items, include=args.include or (), exclude=args.exclude or (),
+                       progress=progress)
+    if bar is not None:
+        bar.close()
+
+    def text() -> str:
+        lines = []
+        for s in report.sources:
+            mark = "✗" if s.status == "failed" else ("!" if s.failed else "✓")
+            lines.append(f"{mark} {s.name}: {s.summary}")
+        t = report.totals()
+        lines.append(f"{t['sources']} sources: {t['added']} added · {t['updated']} updated · "
+                     f"{t['unchanged']} unchanged · {t['removed']} removed · {t['failed']} failed"
+                     + (f" · {t['sources_failed']} sources not saved" if t["sources_failed"] else ""))
+        return "\n".join(lines)
+
+    out.emit(report.to_dict(), text)
+    totals = report.totals()
+    if totals["sources"] and totals["sources_failed"] == totals["sources"]:
+        return 5
+    return 1 if (totals["failed"] or totals["sources_failed"]) else 0
+
+
+def cmd_sources(args, out: Out) -> int:
+    from .ingest import list_sources
+
+    kb = _store(args).open_kb(args.kb)
+    rows, total = list_sources(kb, offset=args.offset, limit=args.limit)
+
+    def text() -> str:
+        if not rows:
+            return f"{kb.record.name} has no sources"
+        lines = [f"{r['id']}  {r['chunks']:>4} chunks  {r['type']:8} {r['title'][:60]}"
+                 + (f"  <{r['url']}>" if r["url"] else "") for r in rows]
+        return "\n".join([*lines, f"{len(rows)} of {total} sources"])
+
+    out.emit({"sources": rows, "total": total}, text)
+    return 0
+
+
+def cmd_remove(args, out: Out) -> int:
+    from .ingest import remove_source
+
+    res = remove_source(_store(args).open_kb(args.kb), args.source)
+    out.emit(res, f"removed {res['title']} ({res['removed_chunks']} chunks)")
+    return 0
+
+
+# -- search ------------------------------------------------------------------------
+def cmd_search(args, out: Out) -> int:
+    from .search import Reranker, Searcher, status_line
+
+    store = _store(args)
+    reranker = Reranker(args.rerank_model) if args.rerank_model else None
+    res = Searcher(store, reranker=reranker).search(
+        args.kb, args.query, k=args.k, mode=args.mode, cutoff=args.cutoff,
+        rerank=bool(args.rerank_model))
+
+    def text() -> str:
+        lines = [status_line(s) for s in res.statuses]
+        for s in res.statuses:
+            if s.status == "unavailable" or s.degraded:
+                lines.append(f"  {s.message}")
+        for n, h in enumerate(res.hits, start=1):
+            where = h.url or h.file_name or ""
+            page = f", page {h.page}" if h.page else ""
+            lines.append(f"[{n}] {h.title} ({h.kb_name}, chunk {h.chunk_index + 1}/{h.chunk_count}"
+                         f"{page}) score {h.score:.3f} cos {_f(h.cosine)}")
+            if where:
+                lines.append(f"    {where}")
+            lines.append("    " + h.text[:240].replace("\n", " ") + ("…" if len(h.text) > 240 else ""))
+        if args.explain:
+            lines += ["", explain_table(res)]
+        elif res.weaker and not res.hits:
+            lines.append(f"({len(res.weaker)} weaker matches set aside; --explain shows them)")
+        return "\n".join(lines)
+
+    out.emit(res.to_dict(), text)
+    return 0 if all(s.status != "unavailable" for s in res.statuses) else 4
+
+
+def _f(x: float | None) -> str:
+    return "  -  " if x is None else f"{x:.3f}"
+
+
+def explain_table(res) -> str:
+    """Every candidate with fused score, cosine, BM25 and lists, the cut-off drawn across."""
+    rows = sorted(res.hits + res.weaker, key=lambda h: (h.cosine or -1), reverse=True)
+    lines = [f"terms: {' '.join(res.terms) or '(none)'}    cut-off {res.cutoff:.2f} on cosine",
+             f"{'cos':>6} {'fused':>6} {'bm25':>7} {'terms':>5}  {'lists':15} {'':3} passage"]
+    drawn = False
+    for h in rows:
+        if not drawn and (h.cosine is None or h.cosine < res.cutoff):
+            lines.append(f"{'─' * 20} cut-off {res.cutoff:.2f} {'─' * 40}")
+            drawn = True
+        keep = "✓" if h.relevant else " "
+        lines.append(f"{_f(h.cosine):>6} {h.score:6.3f} {_f(h.bm25):>7} {h.matched_terms:>5}  "
+                     f"{'+'.join(h.lists):15} {keep:3} {h.kb_name}: {h.title[:30]} #{h.chunk_index + 1}")
+    if not drawn:
+        lines.append(f"{'─' * 20} cut-off {res.cutoff:.2f} {'─' * 40}")
+    return "\n".join(lines)
+
+
+# -- maintenance -------------------------------------------------------------------
+def cmd_errors(args, out: Out) -> int:
+    store = _store(args)
+    kb_id = store.resolve(args.kb).id if args.kb else None
+    rows, total = store.catalog.errors(source=args.source, kb_id=kb_id, limit=args.limit,
+                                       offset=args.offset)
+
+    def text() -> str:
+        import datetime as dt
+
+        if not rows:
+            return "no errors logged"
+        lines = [f"{dt.datetime.fromtimestamp(r['at']).isoformat(timespec='seconds')} "
+                 f"{r['source']:14} {r['code']:22} {r['message'][:200]}" for r in rows]
+        return "\n".join([*lines, f"{len(rows)} of {total} (--limit, --offset, --source to see more)"])
+
+    out.emit({"errors": rows, "total": total}, text)
+    return 0
+
+
+def cmd_doctor(args, out: Out) -> int:
+    from .doctor import doctor
+
+    report = doctor(_store(args), repair=args.repair)
+
+    def text() -> str:
+        m = report["model"]
+        lines = [f"data dir: {report['data_dir']}",
+                 f"model: {m['id']} ({m.get('variant')}) "
+                 + ("ok" if m.get("ok") else f"UNAVAILABLE: {m.get('error')}")]
+        for kb in report["knowledge_bases"]:
+            state = "ok" if not kb["problems"] else "; ".join(kb["problems"])
+            lines.append(f"{kb['name']}: {kb['chunks']} chunks, vectors "
+                         f"{kb.get('vector_index', {}).get('count', '?')}, keywords "
+                         f"{kb.get('keyword_index', {}).get('count', '?')}: {state}")
+            if kb.get("repaired"):
+                after = kb["problems_after_repair"]
+                lines.append("  repaired" + (": still " + "; ".join(after) if after else ", now clean"))
+        lines.append("clean" if report["clean"] else "problems found (localkb doctor --repair)")
+        return "\n".join(lines)
+
+    out.emit(report, text)
+    return 0 if report["clean"] else 1
+
+
+def cmd_eval(args, out: Out) -> int:
+    from .evaluate import format_table, run_eval
+
+    res = run_eval(args.path, modes=args.modes, model=args.model, k=args.k,
+                   rerank_model=args.rerank_model, limit_queries=args.limit_queries)
+    out.emit(res, lambda: format_table(res))
+    return 0
+
+
+def cmd_log(args, out: Out) -> int:
+    rows, total = _store(args).catalog.queries(limit=args.limit, offset=args.offset)
+
+    def text() -> str:
+        import datetime as dt
+
+        if not rows:
+            return "the query log is empty"
+        lines = []
+        for r in rows:
+            steps = r["trace"].get("statuses") or []
+            lines.append(f"{dt.datetime.fromtimestamp(r['at']).isoformat(timespec='seconds')} "
+                         f"{r['kind']:6} {r['query'][:80]!r} "
+                         + " | ".join(s.get("line", s.get("status", "")) for s in steps))
+        return "\n".join([*lines, f"{len(rows)} of {total}"])
+
+    out.emit({"queries": rows, "total": total}, text)
+    return 0
+
+
+def cmd_host(args, out: Out) -> int:
+    from .host import main as host_main
+
+    return host_main([])
+
+
+# -- parser ------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="localkb", description="Personal knowledge bases on your machine.")
+    p.add_argument("--version", action="version", version=f"localkb {__version__}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="machine-readable output")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    kb = sub.add_parser("kb", help="create, list, update and delete knowledge bases")
+    kbs = kb.add_subparsers(dest="kb_command", required=True)
+    c = kbs.add_parser("create", parents=[common], help="create a knowledge base")
+    c.add_argument("name")
+    c.add_argument("--privacy", choices=["device", "cloud"], default="device")
+    c.add_argument("--model", default=None, help="embedding model id (default all-MiniLM-L6-v2)")
+    c.set_defaults(func=cmd_kb_create)
+    c = kbs.add_parser("list", parents=[common], help="list knowledge bases with counts")
+    c.set_defaults(func=cmd_kb_list)
+    c = kbs.add_parser("update", parents=[common], help="rename or change privacy")
+    c.add_argument("kb")
+    c.add_argument("--name")
+    c.add_argument("--privacy", choices=["device", "cloud"])
+    c.set_defaults(func=cmd_kb_update)
+    c = kbs.add_parser("delete", parents=[common], help="delete a knowledge base and its data")
+    c.add_argument("kb")
+    c.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    c.set_defaults(func=cmd_kb_delete)
+
+    c = sub.add_parser("add", parents=[common], help="add files, folders or URLs to a knowledge base")
+    c.add_argument("kb")
+    c.add_argument("items", nargs="+", metavar="PATH_OR_URL")
+    c.add_argument("--include", action="append", help="glob of files to include (repeatable)")
+    c.add_argument("--exclude", action="append", help="glob of files or folders to skip (repeatable)")
+    c.set_defaults(func=cmd_add)
+    c = sub.add_parser("sources", parents=[common], help="list the sources of a knowledge base")
+    c.add_argument("kb")
+    c.add_argument("--limit", type=int, default=100)
+    c.add_argument("--offset", type=int, default=0)
+    c.set_defaults(func=cmd_sources)
+    c = sub.add_parser("remove", parents=[common], help="remove a source and its chunks")
+    c.add_argument("kb")
+    c.add_argument("source", help="source id, URL or file path")
+    c.set_defaults(func=cmd_remove)
+
+    c = sub.add_parser("search", parents=[common], help="hybrid search with per-knowledge-base status")
+    c.add_argument("kb", nargs="+", help="one or more knowledge bases, then the query")
+    c.add_argument("-k", type=int, default=5)
+    c.add_argument("--mode", choices=["hybrid", "vector", "keyword"], default="hybrid")
+    c.add_argument("--cutoff", type=float, default=None, help="relevance floor on cosine (0.35)")
+    c.add_argument("--explain", action="store_true", help="print the score table with the cut-off")
+    c.add_argument("--rerank-model", default=None, help="cross-encoder ONNX file to rerank the top 50")
+    c.set_defaults(func=cmd_search)
+
+    c = sub.add_parser("errors", parents=[common], help="the error log")
+    c.add_argument("--source", help="ingest, rag-retrieval, index, host, chat ...")
+    c.add_argument("--kb")
+    c.add_argument("--limit", type=int, default=10)
+    c.add_argument("--offset", type=int, default=0)
+    c.set_defaults(func=cmd_errors)
+    c = sub.add_parser("doctor", parents=[common], help="check (and --repair) the store and model")
+    c.add_argument("--repair", action="store_true")
+    c.set_defaults(func=cmd_doctor)
+    c = sub.add_parser("eval", parents=[common], help="retrieval eval on a BEIR-layout folder")
+    c.add_argument("path")
+    c.add_argument("--modes", nargs="+", default=["vector", "keyword", "hybrid"])
+    c.add_argument("--model", default=None)
+    c.add_argument("-k", type=int, default=10)
+    c.add_argument("--rerank-model", default=None)
+    c.add_argument("--limit-queries", type=int, default=None)
+    c.set_defaults(func=cmd_eval)
+    c = sub.add_parser("log", parents=[common], help="the query log")
+    c.add_argument("--limit", type=int, default=20)
+    c.add_argument("--offset", type=int, default=0)
+    c.set_defaults(func=cmd_log)
+    c = sub.add_parser("host", help="run as the browser's native-messaging host (stdio)")
+    c.set_defaults(func=cmd_host)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "search":
+        if len(args.kb) < 2:
+            parser.error("search needs a knowledge base and a query")
+        args.kb, args.query = args.kb[:-1], args.kb[-1]
+    out = Out(getattr(args, "json", False))
+    try:
+        return args.func(args, out)
+    except LocalKBError as err:
+        if out.json:
+            print(json.dumps({"error": err.to_dict()}, indent=2))
+        else:
+            print(f"localkb: {err.code}: {err}", file=sys.stderr)
+        return EXIT_CODES.get(err.code, 1)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

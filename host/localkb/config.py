@@ -1,0 +1,59 @@
+"""Settings in one frozen dataclass: defaults in one place, the environment read once."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+DEFAULT_MODEL = "all-MiniLM-L6-v2"
+
+
+def default_data_dir() -> Path:
+    """The per-user data directory (``LOCALKB_HOME`` overrides)."""
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("localkb", appauthor=False))
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything tunable, passed down explicitly; nothing reads the environment later."""
+
+    data_dir: Path
+    default_model: str = DEFAULT_MODEL
+    #: Force one embedder variant (``packaged-int8``, ``built-int8``, ``built-fp32``).
+    model_variant: str | None = None
+    #: Threads for onnxruntime; 0 lets it pick (all cores).
+    threads: int = 0
+    embed_batch_size: int = 32
+    max_chunk_tokens: int = 256
+    chunk_overlap_tokens: int = 32
+    #: Relevance floor on cosine similarity; hits below it are "weaker matches".
+    cutoff: float = 0.35
+    rrf_k: int = 60
+    #: Below this many vectors a knowledge base is searched exactly.
+    exact_search_below: int = 5000
+    fetch_url_max_bytes: int = 20 * 1024 * 1024
+    fetch_timeout_s: float = 20.0
+    #: Whether chat turns are written to the query log.
+    query_log: bool = True
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+        """Build settings from defaults and ``LOCALKB_*`` environment variables."""
+        env = os.environ if env is None else env
+        home = env.get("LOCALKB_HOME")
+        settings = cls(data_dir=Path(home).expanduser() if home else default_data_dir())
+        changes: dict[str, object] = {}
+        if env.get("LOCALKB_MODEL_VARIANT"):
+            changes["model_variant"] = env["LOCALKB_MODEL_VARIANT"]
+        if env.get("LOCALKB_THREADS"):
+            changes["threads"] = int(env["LOCALKB_THREADS"])
+        if env.get("LOCALKB_CUTOFF"):
+            changes["cutoff"] = float(env["LOCALKB_CUTOFF"])
+        if env.get("LOCALKB_QUERY_LOG") in {"0", "off", "false"}:
+            changes["query_log"] = False
+        changes.update(overrides)
+        return replace(settings, **changes)

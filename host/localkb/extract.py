@@ -1,0 +1,207 @@
+"""Turn bytes into text: HTML main text (trafilatura), PDF pages (pypdf), text and Markdown."""
+
+from __future__ import annotations
+
+import io
+import re
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import InvalidDocument
+
+
+@dataclass
+class Section:
+    """A run of text from one place in the document (one PDF page, or the whole page)."""
+
+    text: str
+    page: int | None = None
+
+
+@dataclass
+class Document:
+    """Extracted text with what is known about where it came from."""
+
+    title: str
+    type: str  # html | pdf | text | markdown
+    sections: list[Section] = field(default_factory=list)
+    url: str | None = None
+    file_name: str | None = None
+    lang: str | None = None
+
+    @property
+    def text(self) -> str:
+        return "\n\n".join(s.text for s in self.sections)
+
+    @property
+    def pages(self) -> int | None:
+        return len(self.sections) if self.type == "pdf" else None
+
+
+TEXT_SUFFIXES = {".txt", ".text", ".log", ".csv", ".rst", ".json", ".yaml", ".yml", ".ini", ".cfg"}
+MARKDOWN_SUFFIXES = {".md", ".markdown", ".mdown"}
+HTML_SUFFIXES = {".html", ".htm", ".xhtml"}
+PDF_SUFFIXES = {".pdf"}
+SUPPORTED_SUFFIXES = TEXT_SUFFIXES | MARKDOWN_SUFFIXES | HTML_SUFFIXES | PDF_SUFFIXES
+
+_MD_ESCAPE = re.compile(r"\\([\\`*_{}\[\]()#+\-.!|~>])")
+_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
+_SPACES = re.compile(r"[ \t\u00a0]+")
+_BLANKS = re.compile(r"\n{3,}")
+
+
+def _tidy(text: str) -> str:
+    lines = [_SPACES.sub(" ", line).strip() for line in text.replace("\r\n", "\n").split("\n")]
+    return _BLANKS.sub("\n\n", "\n".join(lines)).strip()
+
+
+def looks_binary(data: bytes) -> bool:
+    """A NUL byte in the first 8 KiB means this is not a text file."""
+    return b"\x00" in data[:8192]
+
+
+def decode_text(data: bytes) -> str:
+    """UTF-8 (with or without BOM), then UTF-16 by BOM, then Latin-1 as the last resort."""
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return data.decode("utf-16")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        return data.decode("latin-1")
+
+
+def extract_html(html: str | bytes, *, url: str | None = None, title: str | None = None) -> Document:
+    """Main text of a web page as Markdown-ish text (headings kept for chunking).
+
+    Falls back to the page's full visible text when trafilatura finds no main
+    content (short pages, app shells); raises ``InvalidDocument`` if even that is empty.
+    """
+    import trafilatura
+
+    if isinstance(html, bytes):
+        html = decode_text(html)
+    if not html.strip():
+        raise InvalidDocument("the page is empty")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            text = trafilatura.extract(
+                html,
+                url=url,
+                output_format="markdown",
+                include_comments=False,
+                include_tables=True,
+                include_formatting=True,
+                favor_recall=True,
+            )
+            meta = trafilatura.extract_metadata(html, default_url=url)
+        except Exception:  # noqa: BLE001 - trafilatura raises many kinds; the fallback below decides
+            text, meta = None, None
+    text = _MD_ESCAPE.sub(r"\1", text or "")
+    if len(text.strip()) < 20:
+        text = _full_text(html) or text
+    text = _tidy(text)
+    if not text:
+        raise InvalidDocument("no text could be extracted from the page")
+    page_title = title or (meta.title if meta and meta.title else None) or _html_title(html)
+    lang = meta.language if meta and getattr(meta, "language", None) else None
+    return Document(
+        title=_tidy(page_title or url or "Untitled page")[:300],
+        type="html",
+        sections=[Section(text)],
+        url=url,
+        lang=lang,
+    )
+
+
+def _html_title(html: str) -> str | None:
+    m = _TITLE.search(html)
+    return _tidy(m.group(1)) if m else None
+
+
+def _full_text(html: str) -> str:
+    try:
+        import lxml.html
+
+        tree = lxml.html.fromstring(html)
+    except Exception:  # noqa: BLE001 - unparsable HTML simply has no fallback text
+        return ""
+    for bad in tree.xpath("//script|//style|//noscript|//template"):
+        bad.drop_tree()
+    return tree.text_content()
+
+
+def extract_pdf(data: bytes, *, url: str | None = None, file_name: str | None = None,
+                title: str | None = None) -> Document:
+    """Text per page, so every chunk can name its page; a broken PDF is ``InvalidDocument``."""
+    import pypdf
+
+    if not data.startswith(b"%PDF"):
+        raise InvalidDocument("not a PDF file (no %PDF header)")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            reader = pypdf.PdfReader(io.BytesIO(data), strict=False)
+            if reader.is_encrypted:
+                try:
+                    reader.decrypt("")
+                except Exception as err:
+                    raise InvalidDocument("the PDF is encrypted") from err
+            sections = []
+            for number, page in enumerate(reader.pages, start=1):
+                page_text = _tidy(page.extract_text() or "")
+                if page_text:
+                    sections.append(Section(page_text, page=number))
+            meta_title = None
+            if reader.metadata is not None and reader.metadata.title:
+                meta_title = str(reader.metadata.title)
+    except InvalidDocument:
+        raise
+    except Exception as err:
+        raise InvalidDocument(f"the PDF could not be read: {err}") from err
+    if not sections:
+        raise InvalidDocument("the PDF has no extractable text (scanned images need OCR)")
+    fallback = file_name or (url.rsplit("/", 1)[-1] if url else None) or "Untitled PDF"
+    return Document(
+        title=_tidy(title or meta_title or fallback)[:300],
+        type="pdf",
+        sections=sections,
+        url=url,
+        file_name=file_name,
+    )
+
+
+def extract_text(text: str, *, kind: str = "text", title: str | None = None,
+                 url: str | None = None, file_name: str | None = None) -> Document:
+    """Plain text or Markdown; the title is the first heading or line when none is given."""
+    body = _tidy(text)
+    if not body:
+        raise InvalidDocument("the text is empty")
+    if not title:
+        first = body.split("\n", 1)[0]
+        heading = first.lstrip("#").strip() if first.startswith("#") else ""
+        title = heading[:120] or file_name or first.strip()[:120] or "Untitled note"
+    return Document(title=title[:300], type=kind, sections=[Section(body)], url=url,
+                    file_name=file_name)
+
+
+def extract_bytes(data: bytes, *, name: str, content_type: str | None = None,
+                  url: str | None = None, title: str | None = None) -> Document:
+    """Pick the extractor from the content type or the file name, then sniff."""
+    ctype = (content_type or "").split(";")[0].strip().lower()
+    suffix = Path(name).suffix.lower()
+    file_name = None if url else Path(name).name
+    if ctype == "application/pdf" or suffix in PDF_SUFFIXES or data.startswith(b"%PDF"):
+        return extract_pdf(data, url=url, file_name=file_name, title=title)
+    if looks_binary(data):
+        raise InvalidDocument(f"{name} is a binary file, not text")
+    text = decode_text(data)
+    if ctype in {"text/html", "application/xhtml+xml"} or suffix in HTML_SUFFIXES:
+        doc = extract_html(text, url=url, title=title)
+        doc.file_name = file_name
+        return doc
+    kind = "markdown" if (ctype == "text/markdown" or suffix in MARKDOWN_SUFFIXES) else "text"
+    if not ctype and not suffix and text.lstrip()[:15].lower().startswith(("<!doctype html", "<html")):
+        return extract_html(text, url=url, title=title)
+    return extract_text(text, kind=kind, title=title, url=url, file_name=file_name)

@@ -1,0 +1,426 @@
+"""The store: the catalogue, the store-wide write lock, and ``open_kb``.
+
+``Store.open_kb`` is the one way any reader or writer reaches a knowledge
+base: it routes to that knowledge base's model, vector index and keyword
+index. Derived indexes carry the catalogue generation they reflect; when it
+lags, they are caught up from the change log (or rebuilt) before use, so a
+search never runs on a stale or partial index without saying so.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import shutil
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .catalog import Catalog, KBRecord, blob_vector, valid_vector
+from .chunk import passage_text
+from .config import Settings
+from .embed import Embedder, EmbedderRegistry
+from .errors import (
+    Conflict,
+    IndexUnavailable,
+    InvalidInput,
+    KnowledgeBaseNotFound,
+    LocalKBError,
+    ModelMismatch,
+)
+from .keywords import KeywordIndex
+from .vectors import VectorIndex
+
+PRIVACY = ("device", "cloud")
+_NAME = re.compile(r"^[^\x00-\x1f/\\]{1,80}$")
+
+
+class StoreLock:
+    """One writer at a time across threads (RLock) and processes (flock on a file)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._rlock = threading.RLock()
+        self._depth = 0
+        self._fd: int | None = None
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        with self._rlock:
+            if self._depth == 0:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                self._fd = fd
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+                if self._depth == 0 and self._fd is not None:
+                    fcntl.flock(self._fd, fcntl.LOCK_UN)
+                    os.close(self._fd)
+                    self._fd = None
+
+
+@dataclass
+class Change:
+    """What one write did, by chunk id and vector key, for the derived indexes."""
+
+    upserted: list[tuple[str, int]] = field(default_factory=list)
+    deleted: list[tuple[str, int]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.upserted or self.deleted)
+
+
+class Store:
+    """A data directory: the catalogue plus one folder of derived indexes per knowledge base."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.root = settings.data_dir
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.catalog = Catalog(self.root / "catalog.sqlite")
+        self.lock = StoreLock(self.root / "store.lock")
+        self.models = EmbedderRegistry(settings)
+        self._open: dict[str, KnowledgeBase] = {}
+        self._open_lock = threading.Lock()
+
+    # -- knowledge bases -------------------------------------------------------
+    def kbs(self) -> list[KBRecord]:
+        return self.catalog.kbs()
+
+    def resolve(self, ref: str) -> KBRecord:
+        """A knowledge base by id or by name (case-insensitive)."""
+        if not isinstance(ref, str) or not ref:
+            raise InvalidInput("a knowledge base id or name is required")
+        rec = self.catalog.kb(ref) or self.catalog.kb_by_name(ref)
+        if rec is None:
+            raise KnowledgeBaseNotFound(f"no knowledge base named or with id {ref!r}")
+        return rec
+
+    def create_kb(self, name: str, *, privacy: str = "device", model: str | None = None) -> KBRecord:
+        name = _check_name(name)
+        if privacy not in PRIVACY:
+            raise InvalidInput(f"privacy must be 'device' or 'cloud', not {privacy!r}")
+        model = model or self.settings.default_model
+        spec = self.models.spec(model)
+        kb_id = "kb_" + uuid.uuid4().hex[:12]
+        with self.lock.hold():
+            try:
+                with self.catalog.tx() as db:
+                    db.execute(
+                        "INSERT INTO kbs (id, name, privacy, model, dim, created) VALUES (?,?,?,?,?,?)",
+                        (kb_id, name, privacy, spec.id, spec.dim, time.time()))
+            except LocalKBError as err:
+                if isinstance(err.__cause__, sqlite3.IntegrityError):
+                    raise Conflict(f"a knowledge base named {name!r} already exists") from err
+                raise
+        return self.resolve(kb_id)
+
+    def update_kb(self, ref: str, *, name: str | None = None, privacy: str | None = None) -> KBRecord:
+        rec = self.resolve(ref)
+        if privacy is not None and privacy not in PRIVACY:
+            raise InvalidInput(f"privacy must be 'device' or 'cloud', not {privacy!r}")
+        with self.lock.hold():
+            try:
+                with self.catalog.tx() as db:
+                    if name is not None:
+                        db.execute("UPDATE kbs SET name = ? WHERE id = ?", (_check_name(name), rec.id))
+                    if privacy is not None:
+                        db.execute("UPDATE kbs SET privacy = ? WHERE id = ?", (privacy, rec.id))
+            except LocalKBError as err:
+                if isinstance(err.__cause__, sqlite3.IntegrityError):
+                    raise Conflict(f"a knowledge base named {name!r} already exists") from err
+                raise
+        return self.resolve(rec.id)
+
+    def delete_kb(self, ref: str) -> KBRecord:
+        rec = self.resolve(ref)
+        with self.lock.hold():
+            with self.catalog.tx() as db:
+                db.execute("DELETE FROM changes WHERE kb_id = ?", (rec.id,))
+                db.execute("DELETE FROM kbs WHERE id = ?", (rec.id,))
+            with self._open_lock:
+                kb = self._open.pop(rec.id, None)
+            if kb is not None:
+                kb.close()
+            shutil.rmtree(self.kb_dir(rec.id), ignore_errors=True)
+        return rec
+
+    def kb_dir(self, kb_id: str) -> Path:
+        return self.root / "kbs" / kb_id
+
+    def open_kb(self, ref: str) -> KnowledgeBase:
+        """The single route from a knowledge base to its model and indexes."""
+        rec = self.resolve(ref)
+        with self._open_lock:
+            kb = self._open.get(rec.id)
+            if kb is None or kb.record.model != rec.model:
+                if kb is not None:
+                    kb.close()
+                kb = KnowledgeBase(self, rec)
+                self._open[rec.id] = kb
+            kb.record = rec
+            return kb
+
+    def close(self) -> None:
+        with self._open_lock:
+            for kb in self._open.values():
+                kb.close()
+            self._open.clear()
+        self.catalog.close()
+
+
+def _check_name(name: object) -> str:
+    if not isinstance(name, str) or not _NAME.match(name.strip()):
+        raise InvalidInput("a knowledge base name is 1-80 characters, without / \\ or control characters")
+    return name.strip()
+
+
+class KnowledgeBase:
+    """One knowledge base: its record, its embedder and its two derived indexes."""
+
+    def __init__(self, store: Store, record: KBRecord) -> None:
+        self.store = store
+        self.record = record
+        self.catalog = store.catalog
+        self.embedder: Embedder = store.models.get(record.model)
+        if self.embedder.dim != record.dim:
+            raise ModelMismatch(f"model {record.model} has {self.embedder.dim} dimensions, "
+                                f"the knowledge base was created with {record.dim}")
+        self.dir = store.kb_dir(record.id)
+        self._vectors: VectorIndex | None = None
+        self._keywords: KeywordIndex | None = None
+        self._lock = threading.RLock()
+
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    @property
+    def vector_path(self) -> Path:
+        return self.dir / f"vectors-{self.record.model}.usearch"
+
+    @property
+    def keyword_path(self) -> Path:
+        return self.dir / "keywords"
+
+    def close(self) -> None:
+        with self._lock:
+            if self._keywords is not None:
+                self._keywords.close()
+            self._vectors = self._keywords = None
+
+    # -- freshness -------------------------------------------------------------
+    def indexes(self) -> tuple[VectorIndex, KeywordIndex]:
+        """Both derived indexes, at the catalogue's current generation."""
+        gen = self.catalog.generation(self.id)
+        if gen is None:
+            raise KnowledgeBaseNotFound(f"knowledge base {self.record.name!r} was deleted")
+        with self._lock:
+            if self._fresh(gen):
+                return self._vectors, self._keywords
+            self.close()
+            try:
+                self._vectors = VectorIndex.load(self.vector_path, self.record.model, self.record.dim)
+                self._keywords = KeywordIndex.load(self.keyword_path)
+            except LocalKBError:
+                self.close()
+            if self._fresh(gen):
+                return self._vectors, self._keywords
+            with self.store.lock.hold():
+                self._repair()
+            return self._vectors, self._keywords
+
+    def _fresh(self, gen: int) -> bool:
+        return (self._vectors is not None and self._keywords is not None
+                and self._vectors.generation == gen and self._keywords.generation == gen)
+
+    def _repair(self) -> dict:
+        """Catch the indexes up from the change log, or rebuild them; call under the store lock."""
+        self.close()
+        gen = self.catalog.generation(self.id)
+        pruned = self._pruned_through()
+        done = {"vectors": "ok", "keywords": "ok"}
+        try:
+            vi = VectorIndex.load(self.vector_path, self.record.model, self.record.dim)
+            if vi.generation > gen or vi.generation < pruned:
+                raise IndexUnavailable("vector index generation cannot be caught up")
+        except LocalKBError:
+            vi = None
+        try:
+            ki = KeywordIndex.load(self.keyword_path)
+            if ki.generation > gen or ki.generation < pruned:
+                raise IndexUnavailable("keyword index generation cannot be caught up")
+        except LocalKBError:
+            ki = None
+        if vi is None:
+            vi = self._rebuild_vectors(gen)
+            done["vectors"] = "rebuilt"
+        elif vi.generation < gen:
+            self._catch_up(vi, None, vi.generation, gen)
+            done["vectors"] = "caught up"
+        if ki is None:
+            ki = self._rebuild_keywords(gen)
+            done["keywords"] = "rebuilt"
+        elif ki.generation < gen:
+            self._catch_up(None, ki, ki.generation, gen)
+            done["keywords"] = "caught up"
+        self._vectors, self._keywords = vi, ki
+        self._prune(gen)
+        return done
+
+    def _pruned_through(self) -> int:
+        row = self.catalog.db.execute("SELECT value FROM meta WHERE key = ?",
+                                      (f"pruned:{self.id}",)).fetchone()
+        return int(row[0]) if row else 0
+
+    def _prune(self, gen: int) -> None:
+        with self.catalog.tx() as db:
+            db.execute("DELETE FROM changes WHERE kb_id = ? AND generation <= ?", (self.id, gen))
+            db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (f"pruned:{self.id}", str(gen)))
+
+    def _catch_up(self, vi: VectorIndex | None, ki: KeywordIndex | None, since: int, gen: int) -> None:
+        touched = self.catalog.db.execute(
+            "SELECT DISTINCT chunk_id, vkey FROM changes WHERE kb_id = ? AND generation > ?",
+            (self.id, since)).fetchall()
+        self._apply(vi, ki, [(r[0], r[1]) for r in touched], gen)
+
+    def _apply(self, vi: VectorIndex | None, ki: KeywordIndex | None,
+               touched: list[tuple[str, int]], gen: int) -> None:
+        """Make the indexes agree with the catalogue for ``touched`` chunks, then save."""
+        rows = {r["id"]: r for r in self.catalog.chunk_rows(self.id, [c for c, _ in touched])}
+        live = [rows[c] for c, _ in touched if c in rows]
+        gone = [(c, k) for c, k in touched if c not in rows]
+        if vi is not None:
+            vi.remove(np.array([k for _, k in gone], dtype=np.uint64))
+            if live:
+                vi.upsert(np.array([r["vkey"] for r in live], dtype=np.uint64),
+                          np.stack([blob_vector(r["vector"]) for r in live]))
+            vi.save(gen)
+        if ki is not None:
+            ki.write([(r["id"], passage_text(r["title"], r["text"])) for r in live],
+                     [c for c, _ in gone], gen)
+
+    def _rebuild_vectors(self, gen: int) -> VectorIndex:
+        vi = VectorIndex(self.vector_path, self.record.model, self.record.dim)
+        keys, vecs = [], []
+        for row in self.catalog.db.execute("SELECT vkey, vector FROM chunks WHERE kb_id = ?",
+                                           (self.id,)):
+            keys.append(row[0])
+            vecs.append(blob_vector(row[1]))
+        if keys:
+            vi.upsert(np.array(keys, dtype=np.uint64), np.stack(vecs))
+        vi.save(gen)
+        return vi
+
+    def _rebuild_keywords(self, gen: int) -> KeywordIndex:
+        ki = KeywordIndex.create(self.keyword_path)
+        rows = self.catalog.chunk_rows(self.id)
+        ki.write([(r["id"], passage_text(r["title"], r["text"])) for r in rows], [], gen)
+        return ki
+
+    # -- writing ---------------------------------------------------------------
+    def write(self, mutate: Callable[[sqlite3.Connection], Change]) -> int:
+        """Run ``mutate`` in one catalogue transaction, bump the generation, update the indexes.
+
+        Returns the new generation. The catalogue commit is the point of truth:
+        if updating a derived index fails afterwards, the error is logged and
+        the next open catches the index up from the change log.
+        """
+        with self.store.lock.hold():
+            self.indexes()
+            with self.catalog.tx() as db:
+                change = mutate(db)
+                gen = db.execute("SELECT generation FROM kbs WHERE id = ?", (self.id,)).fetchone()
+                if gen is None:
+                    raise KnowledgeBaseNotFound(f"knowledge base {self.record.name!r} was deleted")
+                gen = gen[0]
+                if change:
+                    gen += 1
+                    db.execute("UPDATE kbs SET generation = ? WHERE id = ?", (gen, self.id))
+                    db.executemany(
+                        "INSERT INTO changes (kb_id, generation, chunk_id, vkey) VALUES (?,?,?,?)",
+                        [(self.id, gen, c, k) for c, k in change.upserted + change.deleted])
+            if change:
+                with self._lock:
+                    try:
+                        self._apply(self._vectors, self._keywords, change.upserted + change.deleted, gen)
+                        self._prune(gen)
+                    except LocalKBError as err:
+                        self.close()
+                        self.catalog.log_error("index", err.code, str(err), kb_id=self.id)
+            self.record = self.store.resolve(self.id)
+            return gen
+
+    # -- health ----------------------------------------------------------------
+    def health(self, *, repair: bool = False) -> dict:
+        """Counts across SQLite, usearch and Whoosh, and whether they agree."""
+        db = self.catalog.db
+        rows = db.execute("SELECT vkey, vector FROM chunks WHERE kb_id = ?", (self.id,)).fetchall()
+        valid = sum(1 for r in rows if valid_vector(r[1], self.record.dim))
+        report = {"kb": self.id, "name": self.record.name, "chunks": len(rows), "valid_vectors": valid,
+                  "generation": self.catalog.generation(self.id), "problems": []}
+        if valid != len(rows):
+            report["problems"].append(f"{len(rows) - valid} chunks have invalid vectors")
+        orphan = db.execute(
+            "SELECT COUNT(*) FROM chunks c LEFT JOIN sources s ON s.id = c.source_id "
+            "WHERE c.kb_id = ? AND s.id IS NULL", (self.id,)).fetchone()[0]
+        if orphan:
+            report["problems"].append(f"{orphan} chunks belong to no source")
+        over = db.execute(
+            "SELECT COUNT(*) FROM sources s WHERE s.kb_id = ? AND "
+            "(SELECT COUNT(*) FROM chunks c WHERE c.source_id = s.id) > s.chunk_count",
+            (self.id,)).fetchone()[0]
+        if over:
+            report["problems"].append(f"{over} sources have more chunks than they should")
+        try:
+            vi = VectorIndex.load(self.vector_path, self.record.model, self.record.dim)
+            report["vector_index"] = {"count": len(vi), "generation": vi.generation}
+            keys_ok = all(vi.contains(r[0]) for r in rows)
+            if len(vi) != len(rows) or not keys_ok:
+                report["problems"].append(
+                    f"vector index holds {len(vi)} vectors, the catalogue {len(rows)} chunks")
+        except LocalKBError as err:
+            report["vector_index"] = {"error": str(err)}
+            report["problems"].append(f"vector index: {err}")
+        try:
+            ki = KeywordIndex.load(self.keyword_path)
+            report["keyword_index"] = {"count": ki.doc_count(), "generation": ki.generation}
+            if ki.doc_count() != len(rows):
+                report["problems"].append(
+                    f"keyword index holds {ki.doc_count()} passages, the catalogue {len(rows)}")
+            ki.close()
+        except LocalKBError as err:
+            report["keyword_index"] = {"error": str(err)}
+            report["problems"].append(f"keyword index: {err}")
+        gen = report["generation"]
+        for name in ("vector_index", "keyword_index"):
+            if report[name].get("generation", gen) != gen:
+                report["problems"].append(f"{name.replace('_', ' ')} is at generation "
+                                          f"{report[name]['generation']}, the catalogue at {gen}")
+        if repair and report["problems"]:
+            with self.store.lock.hold():
+                self.close()
+                shutil.rmtree(self.keyword_path, ignore_errors=True)
+                self.keyword_path.with_suffix(".json").unlink(missing_ok=True)
+                self.vector_path.unlink(missing_ok=True)
+                self.vector_path.with_suffix(".json").unlink(missing_ok=True)
+                with self.catalog.tx() as db:
+                    bad = [r[0] for r in rows if not valid_vector(r[1], self.record.dim)]
+                    db.executemany("DELETE FROM chunks WHERE kb_id = ? AND vkey = ?",
+                                   [(self.id, k) for k in bad])
+                self._repair()
+            report["repaired"] = True
+            after = self.health()
+            report["problems_after_repair"] = after["problems"]
+        return report

@@ -1,0 +1,204 @@
+"""The keyword side: a Whoosh BM25F index per knowledge base, and query terms.
+
+Code-like tokens (``ERR_4521``, ``v2.3``, ``e-mail``, ``SKU-88-A``) are indexed
+whole *and* as their parts, and a query asks for them only whole: ``ERR_4521``
+never matches a page about ``ERR_4512`` through a shared piece, while a
+query for ``mail`` still finds ``e-mail``. Plain words are lower-cased and
+Porter-stemmed; English, French and German stopwords are dropped.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from whoosh.analysis import Filter, RegexTokenizer
+
+from . import __version__
+from .atomic import read_json, write_json
+from .errors import IndexUnavailable
+
+MAX_QUERY_TERMS = 12
+TOKEN_PATTERN = r"\w+(?:[-./:'’]\w+)*"
+_TOKEN = re.compile(TOKEN_PATTERN, re.UNICODE)
+_JOINERS = re.compile(r"[-_./:'’]")
+
+
+@lru_cache(maxsize=1)
+def stopwords() -> frozenset[str]:
+    from whoosh.lang import stopwords_for_language
+
+    words: set[str] = set()
+    for lang in ("en", "fr", "de"):
+        words |= set(stopwords_for_language(lang))
+    return frozenset(words)
+
+
+@lru_cache(maxsize=100_000)
+def _stem(word: str) -> str:
+    from whoosh.lang.porter import stem
+
+    return stem(word)
+
+
+def is_code_like(token: str) -> bool:
+    """Anything that is not a plain alphabetic word: it must match as a whole."""
+    return not token.isalpha()
+
+
+def normalize(token: str) -> str | None:
+    """The indexed form of one token: lower case, stemmed if a plain word; None if a stopword."""
+    low = token.lower()
+    if low in stopwords():
+        return None
+    if is_code_like(low):
+        return low
+    return _stem(low)
+
+
+def index_terms(token: str) -> list[str]:
+    """Terms a document token is indexed under: the whole token first, then its parts."""
+    whole = normalize(token)
+    out = [whole] if whole else []
+    if _JOINERS.search(token):
+        for part in _JOINERS.split(token):
+            norm = normalize(part) if part else None
+            if norm and norm not in out:
+                out.append(norm)
+    return out
+
+
+def query_terms(query: str) -> list[str]:
+    """Whole, normalised, de-duplicated query terms (at most 12); code-like terms never split."""
+    terms: list[str] = []
+    for token in _TOKEN.findall(query):
+        norm = normalize(token.strip("'’"))
+        if norm and norm not in terms:
+            terms.append(norm)
+        if len(terms) == MAX_QUERY_TERMS:
+            break
+    return terms
+
+
+class CompoundFilter(Filter):
+    """Whoosh filter emitting ``index_terms`` of each token (module level: Whoosh pickles it)."""
+
+    def __call__(self, tokens):
+        for t in tokens:
+            for term in index_terms(t.text):
+                t.text = term
+                yield t
+
+
+def _analyzer():
+    return RegexTokenizer(TOKEN_PATTERN) | CompoundFilter()
+
+
+def _schema():
+    from whoosh.fields import ID, TEXT, Schema
+
+    return Schema(chunk_id=ID(stored=True, unique=True),
+                  content=TEXT(analyzer=_analyzer(), phrase=False))
+
+
+@dataclass
+class KeywordHit:
+    chunk_id: str
+    bm25: float
+    matched: int  # how many distinct query terms the chunk contains
+
+
+class KeywordIndex:
+    """Whoosh index in its own folder plus ``<folder>.json`` with the generation it reflects."""
+
+    def __init__(self, folder: Path, ix) -> None:
+        self.folder = folder
+        self.meta_path = folder.with_suffix(".json")
+        self.ix = ix
+        self.generation = -1
+        self._searcher = None
+
+    @classmethod
+    def create(cls, folder: Path) -> KeywordIndex:
+        from whoosh import index as windex
+
+        if folder.exists():
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+        ki = cls(folder, windex.create_in(str(folder), _schema()))
+        ki.generation = 0
+        return ki
+
+    @classmethod
+    def load(cls, folder: Path) -> KeywordIndex:
+        from whoosh import index as windex
+
+        meta = read_json(folder.with_suffix(".json"))
+        if meta is None or not folder.exists():
+            raise IndexUnavailable(f"no keyword index at {folder.name}")
+        try:
+            ix = windex.open_dir(str(folder))
+        except Exception as err:
+            raise IndexUnavailable(f"keyword index {folder.name} could not be read: {err}") from err
+        ki = cls(folder, ix)
+        ki.generation = int(meta.get("generation", -1))
+        return ki
+
+    def doc_count(self) -> int:
+        return self.ix.doc_count()
+
+    def write(self, upserts: list[tuple[str, str]], deletes: list[str], generation: int) -> None:
+        """Apply changes in one Whoosh commit, then record the generation."""
+        if upserts or deletes:
+            try:
+                writer = self.ix.writer(limitmb=128)
+                try:
+                    for cid in deletes:
+                        writer.delete_by_term("chunk_id", cid)
+                    for cid, content in upserts:
+                        writer.update_document(chunk_id=cid, content=content)
+                except BaseException:
+                    writer.cancel()
+                    raise
+                writer.commit()
+            except Exception as err:
+                raise IndexUnavailable(f"keyword index update failed: {err}") from err
+        self.generation = generation
+        write_json(self.meta_path, {"generation": generation, "count": self.doc_count(),
+                                    "saved": time.time(), "localkb": __version__})
+        self._close_searcher()
+
+    def _close_searcher(self) -> None:
+        if self._searcher is not None:
+            self._searcher.close()
+            self._searcher = None
+
+    def searcher(self):
+        if self._searcher is None:
+            self._searcher = self.ix.searcher()
+        else:
+            self._searcher = self._searcher.refresh()
+        return self._searcher
+
+    def search(self, terms: list[str], limit: int) -> list[KeywordHit]:
+        """BM25F, any term may match (OR)."""
+        from whoosh.query import Or, Term
+
+        if not terms or limit <= 0:
+            return []
+        query = Or([Term("content", t) for t in terms])
+        try:
+            results = self.searcher().search(query, limit=limit, terms=True)
+            return [KeywordHit(hit["chunk_id"], float(hit.score),
+                               len({t for _f, t in hit.matched_terms()}))
+                    for hit in results]
+        except Exception as err:
+            raise IndexUnavailable(f"keyword search failed: {err}") from err
+
+    def close(self) -> None:
+        self._close_searcher()
+        self.ix.close()

@@ -1,0 +1,329 @@
+"""Hybrid search that says, per knowledge base, what it found and why.
+
+Each knowledge base is searched on its own (its own vector and keyword index),
+the two lists are fused with reciprocal-rank fusion, and a relevance floor on
+cosine similarity separates passages from weaker matches. Every knowledge
+base gets exactly one status: passages, weaker, nothing, empty, skipped or
+unavailable, with the numbers behind it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .catalog import blob_vector, vector_key
+from .errors import EmbeddingUnavailable, InvalidInput, LocalKBError
+from .hybrid import rrf
+from .kb import KnowledgeBase, Store
+from .keywords import query_terms
+
+MODES = ("hybrid", "vector", "keyword")
+#: Below the cut-off by at most this much, a hit is a "weaker match"; further down it is noise.
+WEAK_BAND = 0.05
+MAX_K = 100
+
+
+def fetch_k(k: int) -> int:
+    """How many candidates each list fetches: min(200, max(k, 4k, 20))."""
+    return min(200, max(k, 4 * k, 20))
+
+
+@dataclass
+class Hit:
+    kb: str
+    kb_name: str
+    chunk_id: str
+    source_id: str
+    title: str
+    url: str | None
+    file_name: str | None
+    chunk_index: int
+    chunk_count: int
+    page: int | None
+    text: str
+    score: float  # fused, 0..1
+    cosine: float | None
+    bm25: float | None
+    matched_terms: int
+    lists: list[str]
+    relevant: bool = True
+    degraded: bool = False
+    rerank_score: float | None = None
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["weaker"] = not self.relevant
+        return out
+
+
+@dataclass
+class KBStatus:
+    kb: str
+    kb_name: str
+    status: str  # passages | weaker | nothing | empty | skipped | unavailable
+    count: int = 0
+    weaker: int = 0
+    best: float | None = None
+    cutoff: float = 0.35
+    message: str = ""
+    degraded: bool = False
+    error: dict | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class SearchResult:
+    query: str
+    mode: str
+    cutoff: float
+    terms: list[str]
+    hits: list[Hit] = field(default_factory=list)
+    weaker: list[Hit] = field(default_factory=list)
+    statuses: list[KBStatus] = field(default_factory=list)
+    trace: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"query": self.query, "mode": self.mode, "cutoff": self.cutoff, "terms": self.terms,
+                "hits": [h.to_dict() for h in self.hits],
+                "weaker": [h.to_dict() for h in self.weaker],
+                "statuses": [s.to_dict() for s in self.statuses], "trace": self.trace}
+
+
+def status_line(s: KBStatus) -> str:
+    """The one-line step shown per knowledge base (CLI and side panel use the same words)."""
+    name = s.kb_name
+    if s.status == "passages":
+        text = f"{name} · {s.count} passage{'s' if s.count != 1 else ''}"
+        return text + (" · keyword only, the embedder is unavailable" if s.degraded else "")
+    if s.status == "weaker":
+        return f"{name} · {s.weaker} weaker match{'es' if s.weaker != 1 else ''}"
+    if s.status == "nothing":
+        best = f"best {s.best:.2f}, " if s.best is not None else ""
+        return f"{name} · nothing relevant ({best}cut-off {s.cutoff:.2f})"
+    if s.status == "empty":
+        return f"{name} · empty"
+    if s.status == "skipped":
+        return f"{name} · skipped · {s.message}"
+    return f"{name} · unavailable · the search could not run"
+
+
+class Reranker:
+    """Optional cross-encoder (ONNX file given by path, tokenizer.json beside it) for the top 50."""
+
+    top = 50
+
+    def __init__(self, model_path: Path) -> None:
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        tok_path = Path(model_path).with_name("tokenizer.json")
+        try:
+            self.session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+            self.tokenizer = Tokenizer.from_file(str(tok_path))
+        except Exception as err:
+            raise InvalidInput(f"the reranker {model_path} could not be loaded: {err}") from err
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(512)
+        self.inputs = {i.name for i in self.session.get_inputs()}
+
+    def scores(self, query: str, passages: Sequence[str]) -> np.ndarray:
+        if not passages:
+            return np.zeros(0, dtype=np.float32)
+        enc = self.tokenizer.encode_batch([(query, p) for p in passages])
+        width = max(len(e.ids) for e in enc)
+        ids = np.zeros((len(enc), width), np.int64)
+        mask = np.zeros_like(ids)
+        types = np.zeros_like(ids)
+        for r, e in enumerate(enc):
+            ids[r, : len(e.ids)] = e.ids
+            mask[r, : len(e.ids)] = 1
+            types[r, : len(e.ids)] = e.type_ids
+        feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+        out = self.session.run(None, {k: v for k, v in feeds.items() if k in self.inputs})[0]
+        return np.asarray(out, dtype=np.float32).reshape(len(enc), -1)[:, 0]
+
+
+class Searcher:
+    """Runs searches against a store; keeps one query-embedding cache per call."""
+
+    def __init__(self, store: Store, *, reranker: Reranker | None = None) -> None:
+        self.store = store
+        self.reranker = reranker
+
+    def search(self, kb_refs: Sequence[str], query: str, *, k: int = 8, mode: str = "hybrid",
+               cutoff: float | None = None, rerank: bool = False,
+               skipped: Sequence[tuple[str, str, str]] = ()) -> SearchResult:
+        """Search each knowledge base separately and merge, keeping where each hit came from.
+
+        ``skipped`` carries (kb id, name, reason) for knowledge bases the privacy
+        gate kept out; they get the status ``skipped`` and are not searched.
+        """
+        if mode not in MODES:
+            raise InvalidInput(f"mode must be one of {', '.join(MODES)}")
+        if not isinstance(query, str) or not query.strip():
+            raise InvalidInput("the query is empty")
+        if not isinstance(k, int) or not 1 <= k <= MAX_K:
+            raise InvalidInput(f"k must be an integer from 1 to {MAX_K}")
+        if rerank and self.reranker is None:
+            raise InvalidInput("rerank needs a cross-encoder model (--rerank-model PATH)")
+        cutoff = self.store.settings.cutoff if cutoff is None else float(cutoff)
+        result = SearchResult(query=query, mode=mode, cutoff=cutoff, terms=query_terms(query))
+        qcache: dict[str, np.ndarray | EmbeddingUnavailable] = {}
+        started = time.perf_counter()
+        for ref in kb_refs:
+            status, hits = self._search_one(ref, query, result.terms, k, mode, cutoff, rerank,
+                                            qcache, result.trace)
+            result.statuses.append(status)
+            result.hits += [h for h in hits if h.relevant]
+            result.weaker += [h for h in hits if not h.relevant]
+        for kb_id, name, reason in skipped:
+            result.statuses.append(KBStatus(kb_id, name, "skipped", cutoff=cutoff, message=reason))
+        order = (lambda h: (h.rerank_score if h.rerank_score is not None else -1e9, h.score,
+                            h.cosine or 0.0))
+        result.hits = sorted(result.hits, key=order, reverse=True)[:k]
+        result.weaker = sorted(result.weaker, key=order, reverse=True)[:k]
+        result.trace["total_ms"] = round((time.perf_counter() - started) * 1000, 2)
+        return result
+
+    def _search_one(self, ref: str, query: str, terms: list[str], k: int, mode: str,
+                    cutoff: float, rerank: bool, qcache: dict, trace: dict,
+                    ) -> tuple[KBStatus, list[Hit]]:
+        t: dict[str, float] = {}
+        name = ref
+        try:
+            kb = self.store.open_kb(ref)
+            name = kb.record.name
+            t0 = time.perf_counter()
+            vi, ki = kb.indexes()
+            t["open_ms"] = _ms(t0)
+        except LocalKBError as err:
+            return self._unavailable(ref, name, cutoff, err), []
+        trace.setdefault("kbs", {})[kb.id] = t
+        if len(vi) == 0 and ki.doc_count() == 0:
+            return KBStatus(kb.id, name, "empty", cutoff=cutoff,
+                            message="the knowledge base has no passages"), []
+        want = fetch_k(k)
+        lists: dict[str, list[int]] = {}
+        sims: dict[int, float] = {}
+        bm25: dict[int, tuple[float, int]] = {}
+        qvec: np.ndarray | None = None
+        embed_error: LocalKBError | None = None
+        if mode in ("hybrid", "vector"):
+            try:
+                t0 = time.perf_counter()
+                qvec = self._embed_query(kb, query, qcache)
+                t["embed_ms"] = _ms(t0)
+                t0 = time.perf_counter()
+                vh = vi.search(qvec, want, exact_below=self.store.settings.exact_search_below)
+                t["vector_ms"] = _ms(t0)
+                t["vector_exact"] = vh.exact
+                lists["vector"] = [int(x) for x in vh.keys]
+                sims.update(zip(lists["vector"], (float(s) for s in vh.similarities), strict=True))
+            except LocalKBError as err:
+                embed_error = err
+                if mode == "vector":
+                    return self._unavailable(kb.id, name, cutoff, err), []
+        if mode in ("hybrid", "keyword") or embed_error is not None:
+            try:
+                t0 = time.perf_counter()
+                khits = ki.search(terms, want)
+                t["keyword_ms"] = _ms(t0)
+            except LocalKBError as err:
+                if embed_error is not None or mode == "keyword":
+                    return self._unavailable(kb.id, name, cutoff, embed_error or err), []
+                khits = []
+                kb.catalog.log_error("rag-retrieval", err.code, str(err), kb_id=kb.id)
+                t["keyword_error"] = str(err)
+            lists["keyword"] = [vector_key(h.chunk_id) for h in khits]
+            bm25.update((vector_key(h.chunk_id), (h.bm25, h.matched)) for h in khits)
+        degraded = embed_error is not None
+        if degraded:
+            kb.catalog.log_error("rag-retrieval", embed_error.code,
+                                 f"vector search could not run, keyword results only: {embed_error}",
+                                 kb_id=kb.id)
+        t0 = time.perf_counter()
+        fused = rrf(lists, self.store.settings.rrf_k)
+        rows = kb.catalog.hits_by_vkey(kb.id, list(fused))
+        hits: list[Hit] = []
+        need_terms = len(terms) / 2
+        for key, score in sorted(fused.items(), key=lambda kv: kv[1], reverse=True):
+            row = rows.get(key)
+            if row is None:  # an index entry without a catalogue row is never served
+                continue
+            cos = sims.get(key)
+            if cos is None and qvec is not None:
+                cos = float(np.dot(blob_vector(row["vector"]), qvec))
+            b, matched = bm25.get(key, (None, 0))
+            keyword_match = b is not None and b > 0 and matched > need_terms
+            relevant = keyword_match or (cos is not None and cos >= cutoff)
+            hits.append(Hit(
+                kb=kb.id, kb_name=name, chunk_id=row["id"], source_id=row["source_id"],
+                title=row["title"], url=row["url"], file_name=row["file_name"],
+                chunk_index=row["idx"], chunk_count=row["chunk_count"], page=row["page"],
+                text=row["text"], score=round(score, 6), cosine=None if cos is None else round(cos, 6),
+                bm25=None if b is None else round(b, 4), matched_terms=matched,
+                lists=[n for n, items in lists.items() if key in items],
+                relevant=relevant, degraded=degraded))
+        t["fuse_ms"] = _ms(t0)
+        t["candidates"] = {n: len(v) for n, v in lists.items()}
+        if rerank and self.reranker is not None:
+            t0 = time.perf_counter()
+            top = hits[: self.reranker.top]
+            for h, s in zip(top, self.reranker.scores(query, [h.text for h in top]), strict=True):
+                h.rerank_score = float(s)
+            hits = sorted(top, key=lambda h: h.rerank_score, reverse=True) + hits[self.reranker.top :]
+            t["rerank_ms"] = _ms(t0)
+        relevant = [h for h in hits if h.relevant][:k]
+        below = [h for h in hits if not h.relevant]
+        best = max((h.cosine for h in hits if h.cosine is not None), default=None)
+        if relevant:
+            status = KBStatus(kb.id, name, "passages", count=len(relevant), weaker=len(below),
+                              best=best, cutoff=cutoff, degraded=degraded)
+        else:
+            band = [h for h in below if (h.cosine is not None and h.cosine >= cutoff - WEAK_BAND)
+                    or (h.cosine is None and h.matched_terms > 0)]
+            if band:
+                status = KBStatus(kb.id, name, "weaker", weaker=len(band), best=best, cutoff=cutoff,
+                                  degraded=degraded)
+                below = band
+            else:
+                status = KBStatus(kb.id, name, "nothing", best=best, cutoff=cutoff,
+                                  degraded=degraded)
+                below = below[:k]
+        if degraded:
+            status.message = ("keyword results only: the embedder is unavailable "
+                              f"({embed_error}); vector search did not run")
+        status.message = status.message or status_line(status)
+        return status, relevant + below[:k]
+
+    def _embed_query(self, kb: KnowledgeBase, query: str, qcache: dict) -> np.ndarray:
+        model = kb.record.model
+        cached = qcache.get(model)
+        if isinstance(cached, LocalKBError):
+            raise cached
+        if cached is None:
+            try:
+                cached = kb.embedder.embed([query])[0]
+            except EmbeddingUnavailable as err:
+                qcache[model] = err
+                raise
+            qcache[model] = cached
+        return cached
+
+    def _unavailable(self, kb_id: str, name: str, cutoff: float, err: LocalKBError) -> KBStatus:
+        self.store.catalog.log_error("rag-retrieval", err.code, f"search could not run: {err}",
+                                     kb_id=kb_id if kb_id.startswith("kb_") else None)
+        return KBStatus(kb_id, name, "unavailable", cutoff=cutoff, error=err.to_dict(),
+                        message=("the search could not run, so this says nothing about what is "
+                                 f"stored: {err}"))
+
+
+def _ms(t0: float) -> float:
+    return round((time.perf_counter() - t0) * 1000, 3)
