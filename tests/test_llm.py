@@ -345,9 +345,11 @@ def test_cancel_interrupts_a_read_blocked_on_a_silent_server() -> None:
         )
         timer = threading.Timer(0.2, cancel.set)
         timer.start()
-        with pytest.raises(Cancelled):
+        with pytest.raises(Cancelled) as info:
             list(stream)
         timer.join()
+    # Had the cancel not closed the socket, the read would have ended in its timeout.
+    assert not isinstance(info.value.__cause__, httpx.TimeoutException)
 
 
 def test_cancel_set_before_start_sends_nothing() -> None:
