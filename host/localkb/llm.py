@@ -309,6 +309,7 @@ class Timeouts:
     read: float = 60.0
 
     def to_httpx(self) -> httpx.Timeout:
+        """The same limits as httpx wants them (writing the request shares the connect limit)."""
         return httpx.Timeout(
             connect=self.connect, read=self.read, write=self.connect, pool=self.connect
         )
