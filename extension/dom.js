@@ -1,0 +1,113 @@
+// Small DOM helpers shared by the side panel and the options page. Text is
+// always set as text (never innerHTML): page titles and passages come from
+// the web and must not become markup.
+
+import { INSTALL_COMMAND } from "./native.js";
+
+/**
+ * Create an element. `attrs` keys starting with "on" add listeners; `class`,
+ * `text`, `dataset`, `hidden` and boolean attributes are handled as expected.
+ * @param {string} tag
+ * @param {Record<string, any> | null} [attrs]
+ * @param {...(Node | string | null | undefined | false)} children
+ * @returns {HTMLElement}
+ */
+export function el(tag, attrs = null, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs ?? {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key.startsWith("on") && typeof value === "function") {
+      node.addEventListener(key.slice(2).toLowerCase(), value);
+    } else if (key === "class") {
+      node.className = value;
+    } else if (key === "text") {
+      node.textContent = String(value);
+    } else if (key === "dataset") {
+      Object.assign(node.dataset, value);
+    } else if (key === "style" && typeof value === "object") {
+      for (const [prop, v] of Object.entries(value)) node.style.setProperty(prop, String(v));
+    } else if (value === true) {
+      node.setAttribute(key, "");
+    } else {
+      node.setAttribute(key, String(value));
+    }
+  }
+  for (const child of children) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child);
+  }
+  return node;
+}
+
+/**
+ * Replace all children of `node`.
+ * @param {Element} node
+ * @param {...(Node | string | null | undefined | false)} children
+ */
+export function setChildren(node, ...children) {
+  node.replaceChildren(...children.filter((c) => c !== null && c !== undefined && c !== false));
+}
+
+/**
+ * The notice shown when the host is not installed or not reachable: what is
+ * wrong, the one command that fixes it, and a button to check again.
+ * @param {{code?: string, message?: string, onRetry: () => void}} options
+ * @returns {HTMLElement}
+ */
+export function hostMissingNotice({ code, message, onRetry }) {
+  const missing = code === undefined || code === "host_missing";
+  const code = el("code", { text: INSTALL_COMMAND });
+  const copy = el("button", {
+    type: "button",
+    class: "small",
+    text: "Copy",
+    "aria-label": "Copy the install command",
+    onclick: async () => {
+      try {
+        await navigator.clipboard.writeText(INSTALL_COMMAND);
+        copy.textContent = "Copied";
+      } catch {
+        // Clipboard access can be refused; the command is selectable text anyway.
+        getSelection()?.selectAllChildren(code);
+      }
+    },
+  });
+  return el(
+    "section",
+    { class: "host-missing", role: "alert", id: "host-missing" },
+    el("h2", { text: missing ? "LocalKB's host is not installed" : "LocalKB's host is not reachable" }),
+    el("p", {
+      text: missing
+        ? "LocalKB keeps your knowledge bases in a program on this computer, and the browser cannot find it. Install it once from a terminal:"
+        : "LocalKB keeps your knowledge bases in a program on this computer, and it did not answer. Installing it again repairs its registration:",
+    }),
+    el("div", { class: "command" }, code, copy),
+    el("p", { class: "muted", text: "Then restart the browser, or press Check again." }),
+    message ? el("p", { class: "muted", text: `Details: ${message}` }) : null,
+    el("button", { type: "button", class: "primary", text: "Check again", onclick: onRetry }),
+  );
+}
+
+/**
+ * A date the way people read it in a list.
+ * @param {string | number | null | undefined} value ISO string or epoch seconds/ms
+ */
+export function formatDate(value) {
+  if (value === null || value === undefined || value === "") return "–";
+  let date;
+  if (typeof value === "number") date = new Date(value < 1e12 ? value * 1000 : value);
+  else date = new Date(value);
+  if (Number.isNaN(date.getTime())) return String(value);
+  return date.toLocaleString(undefined, { dateStyle: "medium", timeStyle: "short" });
+}
+
+/**
+ * A byte count in KB/MB.
+ * @param {number} n
+ */
+export function formatBytes(n) {
+  if (!Number.isFinite(n)) return "–";
+  if (n < 1024) return `${n} B`;
+  if (n < 1024 * 1024) return `${(n / 1024).toFixed(1)} KB`;
+  return `${(n / (1024 * 1024)).toFixed(1)} MB`;
+}

@@ -1,0 +1,55 @@
+import assert from "node:assert/strict";
+import { test } from "node:test";
+
+import { encodeTextTerm, pdfPageUrl, sourceLink, textDirective, textFragmentUrl } from "../fragments.js";
+
+test("a short passage becomes one exact term", () => {
+  assert.equal(textDirective("Error E4711 means overheating."), "text=Error%20E4711%20means%20overheating.");
+});
+
+test("dashes, commas and ampersands are escaped so they cannot end the term", () => {
+  assert.equal(encodeTextTerm("state-of-the-art, fast & small"), "state%2Dof%2Dthe%2Dart%2C%20fast%20%26%20small");
+  assert.equal(decodeURIComponent(encodeTextTerm("a-b,c&d")), "a-b,c&d");
+});
+
+test("a long passage becomes start and end terms from its first and last lines", () => {
+  const passage = [
+    "The flux capacitor needs exactly 1.21 gigawatts to work at all.",
+    "Middle paragraph that the fragment does not need to spell out in full.",
+    "Without that power the time circuits will stay offline for good.",
+  ].join("\n");
+  const directive = textDirective(passage);
+  const [start, end] = directive.slice("text=".length).split(",").map(decodeURIComponent);
+  // The outermost words are dropped: chunk edges may cut a word in two.
+  assert.equal(start, "flux capacitor needs exactly 1.21");
+  assert.equal(end, "circuits will stay offline for");
+  assert.ok(passage.includes(start) && passage.includes(end));
+});
+
+test("bullets and heading marks from extraction are not part of the terms", () => {
+  assert.equal(decodeURIComponent(textDirective("- ## Install it\n")), "text=Install it");
+});
+
+test("a passage without words gives no directive and leaves the URL alone", () => {
+  assert.equal(textDirective(" \n - \n"), null);
+  assert.equal(textFragmentUrl("https://ex.test/a", "--"), "https://ex.test/a");
+});
+
+test("the page's own fragment is kept and an old directive replaced", () => {
+  assert.equal(textFragmentUrl("https://ex.test/a#intro", "hello world"), "https://ex.test/a#intro:~:text=hello%20world");
+  assert.equal(textFragmentUrl("https://ex.test/a#:~:text=old", "new"), "https://ex.test/a#:~:text=new");
+  assert.equal(textFragmentUrl("https://ex.test/a?q=1", "x"), "https://ex.test/a?q=1#:~:text=x");
+});
+
+test("PDF links open at the page, replacing any fragment", () => {
+  assert.equal(pdfPageUrl("http://127.0.0.1:8000/doc.pdf#zoom=50", 3), "http://127.0.0.1:8000/doc.pdf#page=3");
+  assert.throws(() => pdfPageUrl("http://x/doc.pdf", 0), RangeError);
+});
+
+test("sourceLink picks #page for paged passages and a text fragment otherwise", () => {
+  assert.equal(sourceLink({ url: "https://ex.test/r.pdf", page: 2, text: "anything" }), "https://ex.test/r.pdf#page=2");
+  assert.equal(sourceLink({ url: "https://ex.test/p", page: null, text: "hello there" }), "https://ex.test/p#:~:text=hello%20there");
+  assert.equal(sourceLink({ url: "https://ex.test/p" }), "https://ex.test/p");
+  assert.equal(sourceLink({ url: "/home/me/notes.md", text: "x" }), null);
+  assert.equal(sourceLink({ url: "javascript:alert(1)", text: "x" }), null);
+});

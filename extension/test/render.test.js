@@ -1,0 +1,171 @@
+import assert from "node:assert/strict";
+import { test } from "node:test";
+
+import {
+  canTestSearch,
+  canUseWeaker,
+  compact,
+  endpointLocation,
+  isHostMissing,
+  modelLine,
+  passageFacts,
+  privacyLabel,
+  progressText,
+  reportBadge,
+  reportText,
+  scoreBars,
+  splitCitations,
+  stepLine,
+} from "../render.js";
+
+test("step lines read exactly as the product specifies", () => {
+  const kb = { kb: "k1", kb_name: "Docs" };
+  assert.equal(stepLine({ ...kb, status: "passages", count: 3 }), "Docs · 3 passages");
+  assert.equal(stepLine({ ...kb, status: "weaker", count: 2 }), "Docs · 2 weaker matches");
+  assert.equal(
+    stepLine({ ...kb, status: "nothing", count: 0, best: 0.2812, cutoff: 0.35 }),
+    "Docs · nothing relevant (best 0.28, cut-off 0.35)",
+  );
+  assert.equal(stepLine({ ...kb, status: "empty", count: 0 }), "Docs · empty");
+  assert.equal(
+    stepLine({ ...kb, status: "skipped", count: 0 }, { model: "gpt-4o" }),
+    "Docs · skipped · device only, gpt-4o is a cloud model",
+  );
+  assert.equal(stepLine({ ...kb, status: "unavailable" }), "Docs · unavailable · the search could not run");
+});
+
+test("step lines use the singular for one", () => {
+  assert.equal(stepLine({ kb_name: "Docs", status: "passages", count: 1 }), "Docs · 1 passage");
+  assert.equal(stepLine({ kb_name: "Docs", status: "weaker", count: 1 }), "Docs · 1 weaker match");
+});
+
+test("the host's own explanation is used, and a full line is not doubled", () => {
+  assert.equal(
+    stepLine({ kb_name: "Docs", status: "skipped", message: "device only, gpt-4o is a cloud model" }),
+    "Docs · skipped · device only, gpt-4o is a cloud model",
+  );
+  assert.equal(
+    stepLine({ kb_name: "Docs", status: "unavailable", message: "Docs · unavailable · the index is rebuilding" }),
+    "Docs · unavailable · the index is rebuilding",
+  );
+});
+
+test("nothing relevant without scores leaves out the parenthesis", () => {
+  assert.equal(stepLine({ kb_name: "Docs", status: "nothing", best: null, cutoff: 0.35 }), "Docs · nothing relevant");
+});
+
+test("actions appear only where they can change something", () => {
+  assert.equal(canUseWeaker({ status: "nothing" }), true);
+  assert.equal(canUseWeaker({ status: "passages" }), false);
+  assert.equal(canTestSearch({ status: "passages" }), true);
+  assert.equal(canTestSearch({ status: "skipped" }), false);
+  assert.equal(canTestSearch({ status: "empty" }), false);
+});
+
+test("the save report states counts, never success", () => {
+  assert.equal(reportText({ added: 24, updated: 3, unchanged: 0, failed: 0, total: 27 }), "24 added · 3 updated");
+  assert.equal(reportText({ status: "unchanged", added: 0, updated: 0, unchanged: 27, failed: 0, total: 27 }), "unchanged");
+  assert.equal(
+    reportText({ added: 24, updated: 0, failed: 3, total: 27 }),
+    "3 of 27 passages could not be saved · 24 added",
+  );
+  assert.equal(reportText({ added: 0, failed: 1, total: 1 }), "1 of 1 passage could not be saved");
+  assert.equal(reportText({ added: 2, removed: 5 }), "2 added · 5 removed");
+});
+
+test("the badge is short and says failures first", () => {
+  assert.deepEqual(reportBadge({ added: 24, updated: 3 }), { text: "+27", color: "#1e6b3a" });
+  assert.equal(reportBadge({ added: 24, failed: 3 }).text, "!3");
+  assert.equal(reportBadge({ unchanged: 9 }).text, "=");
+  assert.equal(compact(1234), "1k");
+  assert.equal(compact(25_999), "25k");
+  assert.equal(reportBadge({ added: 25_999 }).text, "+25k");
+  assert.equal(reportBadge({ added: 123_456 }).text, "≥99k");
+  for (const n of [1, 999, 1000, 99_999, 100_000, 5_000_000]) {
+    assert.ok(reportBadge({ added: n }).text.length <= 4, `badge for ${n}`);
+    assert.ok(reportBadge({ failed: n }).text.length <= 4, `badge for ${n} failures`);
+  }
+});
+
+test("citations become links only where the host returned that citation", () => {
+  const citations = [{ n: 1, title: "A" }, { n: 2, title: "B" }];
+  const pieces = splitCitations("Overheats [1]. Cools [1, 2]. Unknown [7]. Arrays [x].", citations);
+  assert.deepEqual(
+    pieces.map((p) => (p.type === "text" ? p.text : `<${p.n}>`)),
+    ["Overheats ", "<1>", ". Cools ", "<1>", "<2>", ". Unknown [7]. Arrays [x]."],
+  );
+  assert.equal(pieces[1].citation.title, "A");
+});
+
+test("adjacent citations and an answer with none", () => {
+  const pieces = splitCitations("x[1][2]", [{ n: 1 }, { n: 2 }]);
+  assert.deepEqual(pieces.map((p) => p.type), ["text", "cite", "cite"]);
+  assert.deepEqual(splitCitations("plain", []), [{ type: "text", text: "plain" }]);
+  assert.deepEqual(splitCitations("", []), []);
+});
+
+test("passage facts list the knowledge base, source, passage, page and score", () => {
+  const facts = passageFacts({ n: 1, kb_name: "Docs", title: "Manual", chunk_index: 4, page: 2, score: 0.812 });
+  assert.deepEqual(facts, [
+    { label: "Knowledge base", value: "Docs" },
+    { label: "Source", value: "Manual" },
+    { label: "Passage", value: "#5" },
+    { label: "Page", value: "2" },
+    { label: "Score", value: "0.81" },
+  ]);
+  assert.equal(passageFacts({ n: 1, kb: "k", url: "https://x" }).length, 2);
+});
+
+test("score bars share one scale and the cut-off line sits at its score", () => {
+  const hits = [
+    { title: "A", chunk_index: 0, cosine: 0.8 },
+    { title: "B", chunk_index: 1, cosine: 0.35 },
+    { title: "C", chunk_index: 2, cosine: 0.1 },
+  ];
+  const layout = scoreBars(hits, 0.35);
+  assert.equal(layout.cutoffPct, 35);
+  assert.deepEqual(layout.rows.map((r) => r.pct), [80, 35, 10]);
+  assert.deepEqual(layout.rows.map((r) => r.above), [true, true, false]);
+  assert.equal(layout.rows[0].label, "A · #1");
+});
+
+test("negative cosines extend the scale below zero", () => {
+  const layout = scoreBars([{ cosine: -0.25 }, { cosine: 0.75 }], 0.25);
+  assert.equal(layout.min, -0.25);
+  assert.deepEqual(layout.rows.map((r) => r.pct), [0, 80]);
+  assert.equal(layout.cutoffPct, 40);
+});
+
+test("without a cut-off there is no line and keyword-only hits have no bar", () => {
+  const layout = scoreBars([{ cosine: null, title: "kw" }], null);
+  assert.equal(layout.cutoffPct, null);
+  assert.equal(layout.rows[0].pct, 0);
+  assert.equal(layout.rows[0].above, false);
+});
+
+test("privacy, model and host-missing labels", () => {
+  assert.equal(privacyLabel("device"), "device only");
+  assert.equal(privacyLabel("cloud"), "cloud OK");
+  assert.equal(modelLine({ name: "llama", location: "device" }), "llama · on this device");
+  assert.equal(modelLine({ name: "gpt", location: "cloud" }), "gpt · cloud");
+  assert.match(modelLine(null), /No language model/);
+  assert.equal(isHostMissing({ code: "host_missing" }), true);
+  assert.equal(isHostMissing({ code: "kb_not_found" }), false);
+});
+
+test("loopback endpoints are on the device; everything else is cloud", () => {
+  assert.equal(endpointLocation({ base_url: "http://127.0.0.1:8080/v1" }), "device");
+  assert.equal(endpointLocation({ base_url: "http://localhost:11434/v1" }), "device");
+  assert.equal(endpointLocation({ base_url: "http://[::1]:8080/v1" }), "device");
+  assert.equal(endpointLocation({ base_url: "http://127.0.0.1:8080/v1", mark_cloud: true }), "cloud");
+  assert.equal(endpointLocation({ base_url: "https://api.example.com/v1" }), "cloud");
+  assert.equal(endpointLocation({ base_url: "http://192.168.1.5/v1" }), "cloud");
+  assert.equal(endpointLocation({ base_url: "auto" }), "cloud");
+  assert.equal(endpointLocation(null), "cloud");
+});
+
+test("progress lines name the stage in words", () => {
+  assert.equal(progressText({ state: "capturing" }), "Reading the page…");
+  assert.equal(progressText({ state: "saving", stage: "embed", done: 120, total: 340 }), "Embedding 120 of 340");
+  assert.equal(progressText({ state: "saving", stage: "write" }), "Writing…");
+});
