@@ -15,7 +15,7 @@ from localkb.host import main
 
 def big(data, ctx):
     # ~3 MB of JSON with multi-byte characters: the host must split it into parts.
-    rows = [{"n": i, "text": f"passage {i} · é ✓ \"q\" " + "x" * 200} for i in range(12000)]
+    rows = [{"n": i, "text": f'passage {i} · é ✓ "q" ' + "x" * 200} for i in range(12000)]
     return {"rows": rows}
 
 
