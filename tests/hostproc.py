@@ -134,16 +134,19 @@ class HostProcess:
     def until_reply(self, request_id: Any, timeout: float = DEFAULT_WAIT) -> list[dict]:
         """Messages for ``request_id`` up to and including its final reply.
 
-        Messages for other ids are kept in ``self.others``. Parted payloads are
-        reassembled: the returned reply/event carries the real ``result``/``data`` and
-        ``"_parts": n`` so tests can tell it travelled in parts.
+        Messages for other ids are kept in ``self.others`` (and claimed from there by a
+        later call for their id). Parted payloads are reassembled: the returned
+        reply/event carries the real ``result``/``data`` and ``"_parts": n`` so tests can
+        tell it travelled in parts.
         """
         from localkb.protocol import join_parts
 
+        backlog = [m for m in self.others if m.get("id") == request_id]
+        self.others[:] = [m for m in self.others if m.get("id") != request_id]
         got: list[dict] = []
         parts: list[dict] = []
         while True:
-            msg = self.next_message(timeout)
+            msg = backlog.pop(0) if backlog else self.next_message(timeout)
             if msg.get("id") != request_id:
                 self.others.append(msg)
                 continue
@@ -157,6 +160,7 @@ class HostProcess:
                 parts = []
             got.append(msg)
             if "ok" in msg:
+                self.others[:0] = backlog  # a second reply for a reused id stays for later
                 return got
 
     def request(self, obj: dict, timeout: float = DEFAULT_WAIT) -> dict:

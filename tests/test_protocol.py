@@ -12,7 +12,7 @@ import pytest
 from hostproc import HEADER, HostGone, HostProcess, frame, frame_json, tiny_host_argv
 from localkb import protocol
 from localkb.errors import ProtocolError
-from localkb.host import EXIT_OK, EXIT_UNTRUSTED
+from localkb.host import DEFAULT_WORKERS, EXIT_OK, EXIT_UNTRUSTED
 
 MIB = 1024 * 1024
 
@@ -239,6 +239,28 @@ def test_long_request_does_not_block_others_and_cancel_stops_it(host):
     assert reply == {"id": "c", "ok": True, "result": {"cancelled": True}}
     final = host.until_reply("long")[-1]
     assert final["ok"] is False and final["error"]["code"] == "cancelled"
+
+
+def test_cancel_while_queued_means_it_never_starts(host):
+    busy = [f"busy{i}" for i in range(DEFAULT_WORKERS)]
+    for request_id in busy:
+        host.send({"id": request_id, "type": "slow", "data": {}})
+    started = set()
+    while started != set(busy):  # every worker is now inside a slow handler
+        started.add(host.next_message()["id"])
+    host.send({"id": "queued", "type": "slow", "data": {}})
+    reply = host.request({"id": "c", "type": "cancel", "data": {"target": "queued"}})
+    assert reply["result"] == {"cancelled": True}
+    for request_id in busy:
+        host.request({"id": f"c-{request_id}", "type": "cancel", "data": {"target": request_id}})
+    assert host.until_reply("queued") == [
+        {
+            "id": "queued",
+            "ok": False,
+            "error": {"code": "cancelled", "message": "request 'queued' was cancelled"},
+        }
+    ]  # no progress event: the handler never ran
+    assert_alive(host)
 
 
 def test_cancel_of_unknown_request_says_so(host):

@@ -180,6 +180,8 @@ class _Session:
     def _run(self, request: protocol.Request, ctx: Context) -> None:
         handler = self._handlers[request.type]
         try:
+            # Cancelled while still queued: never start it.
+            ctx.check_cancelled()
             result = handler(request.data, ctx)
             if not isinstance(result, dict):
                 raise TypeError(
@@ -217,6 +219,11 @@ class _Session:
                     self._state.wait(left)
         for _ in self._threads:
             self._queue.put(None)
+
+    def close(self) -> None:
+        """Drop any later output: a worker outliving the drain must not touch a closed stdout."""
+        with self._write_lock:
+            self._broken = True
 
 
 def serve(
@@ -264,6 +271,7 @@ def serve(
             log.exception("unexpected failure reading a %d-byte request", len(body))
             session.send_error(None, protocol.INTERNAL_ERROR, "internal error reading a request")
     session.drain(drain_seconds)
+    session.close()
     log.info("host exiting with %d", code)
     return code
 
@@ -294,7 +302,7 @@ def default_data_dir() -> Path:
     """``LOCALKB_HOME`` if set, else the per-user data directory."""
     env = os.environ.get("LOCALKB_HOME")
     if env:
-        return Path(env)
+        return Path(env).expanduser()
     import platformdirs
 
     return Path(platformdirs.user_data_dir("localkb", appauthor=False))
