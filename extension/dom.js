@@ -56,7 +56,7 @@ export function setChildren(node, ...children) {
  */
 export function hostMissingNotice({ code, message, onRetry }) {
   const missing = code === undefined || code === "host_missing";
-  const code = el("code", { text: INSTALL_COMMAND });
+  const command = el("code", { text: INSTALL_COMMAND });
   const copy = el("button", {
     type: "button",
     class: "small",
@@ -68,7 +68,7 @@ export function hostMissingNotice({ code, message, onRetry }) {
         copy.textContent = "Copied";
       } catch {
         // Clipboard access can be refused; the command is selectable text anyway.
-        getSelection()?.selectAllChildren(code);
+        getSelection()?.selectAllChildren(command);
       }
     },
   });
@@ -81,7 +81,7 @@ export function hostMissingNotice({ code, message, onRetry }) {
         ? "LocalKB keeps your knowledge bases in a program on this computer, and the browser cannot find it. Install it once from a terminal:"
         : "LocalKB keeps your knowledge bases in a program on this computer, and it did not answer. Installing it again repairs its registration:",
     }),
-    el("div", { class: "command" }, code, copy),
+    el("div", { class: "command" }, command, copy),
     el("p", { class: "muted", text: "Then restart the browser, or press Check again." }),
     message ? el("p", { class: "muted", text: `Details: ${message}` }) : null,
     el("button", { type: "button", class: "primary", text: "Check again", onclick: onRetry }),
