@@ -288,13 +288,15 @@ MODELS: dict[str, ModelSpec] = {
 }
 
 
+_SHARED: dict[tuple, Embedder] = {}
+_SHARED_LOCK = threading.Lock()
+
+
 class EmbedderRegistry:
-    """Creates each model's embedder once per process and hands out that one instance."""
+    """Hands out one embedder per model and settings for the whole process (the model loads once)."""
 
     def __init__(self, settings) -> None:
         self.settings = settings
-        self._embedders: dict[str, Embedder] = {}
-        self._lock = threading.Lock()
 
     def spec(self, model_id: str) -> ModelSpec:
         try:
@@ -305,10 +307,12 @@ class EmbedderRegistry:
 
     def get(self, model_id: str) -> Embedder:
         self.spec(model_id)
-        with self._lock:
-            if model_id not in self._embedders:
-                self._embedders[model_id] = self._create(model_id)
-            return self._embedders[model_id]
+        key = (model_id, self.settings.model_variant, self.settings.threads,
+               self.settings.embed_batch_size)
+        with _SHARED_LOCK:
+            if key not in _SHARED:
+                _SHARED[key] = self._create(model_id)
+            return _SHARED[key]
 
     def _create(self, model_id: str) -> Embedder:
         if model_id == HASHING_ID:

@@ -120,25 +120,43 @@ def _emit(progress: Progress | None, **event: object) -> None:
         progress(event)
 
 
-def add_document(kb: KnowledgeBase, doc: Document, *, key: str, captured_by: str = "cli",
-                 progress: Progress | None = None, check_cancelled: CancelCheck | None = None,
-                 ) -> SourceReport:
-    """Chunk, embed and write one document as one source; raise if nothing could be stored."""
+@dataclass
+class _Prepared:
+    """A document chunked and compared with what is stored, waiting for vectors."""
+
+    doc: Document
+    name: str
+    sid: str
+    key: str
+    captured_by: str
+    digest: str
+    chunks: list[Chunk]
+    texts: list[str]
+    hashes: list[str]
+    cids: list[str]
+    need: list[int]
+    vectors: dict[int, np.ndarray] = field(default_factory=dict)
+    failures: dict[int, str] = field(default_factory=dict)
+    before: dict[str, tuple[str, bool]] = field(default_factory=dict)
+
+
+def _prepare(kb: KnowledgeBase, doc: Document, key: str, captured_by: str,
+             progress: Progress | None) -> _Prepared | SourceReport:
+    """Chunk and hash ``doc``; an unchanged source returns its (real-row) report at once."""
     if captured_by not in CAPTURED_BY:
         raise InvalidInput(f"captured_by must be one of {', '.join(CAPTURED_BY)}")
     name = doc.url or doc.file_name or doc.title
-    chunks = chunk_document(doc, kb.embedder.count_tokens, max_tokens=kb.store.settings.max_chunk_tokens,
-                            overlap=kb.store.settings.chunk_overlap_tokens)
+    settings = kb.store.settings
+    chunks = chunk_document(doc, kb.embedder.count_tokens, max_tokens=settings.max_chunk_tokens,
+                            overlap=settings.chunk_overlap_tokens)
     _emit(progress, stage="chunk", done=len(chunks), total=len(chunks), source=name)
     if not chunks:
         raise InvalidDocument(f"{name}: no passages could be made from the text")
     sid = source_id(kb.id, key)
     digest = content_hash(doc, chunks, kb.record.model)
-    dim = kb.record.dim
     texts = [passage_text(doc.title, c.text) for c in chunks]
     hashes = [_text_hash(t) for t in texts]
     cids = [chunk_id(kb.id, sid, c.index) for c in chunks]
-
     existing = _existing_chunks(kb, sid)
     src = kb.catalog.db.execute("SELECT content_hash, chunk_count FROM sources WHERE id = ?",
                                 (sid,)).fetchone()
@@ -146,106 +164,209 @@ def add_document(kb: KnowledgeBase, doc: Document, *, key: str, captured_by: str
     if src and src["content_hash"] == digest and src["chunk_count"] == len(chunks) == valid_now:
         return SourceReport(name=name, status="unchanged", source_id=sid, title=doc.title,
                             url=doc.url, unchanged=valid_now, total=len(chunks))
-
-    # Embed only passages whose text changed; reuse the stored vectors of the rest.
+    # Embed only passages whose text changed; the others keep their stored vectors.
     need = [i for i, cid in enumerate(cids)
             if not (cid in existing and existing[cid] == (hashes[i], True))]
-    vectors: dict[int, np.ndarray] = {}
-    failures: dict[int, str] = {}
-    if need:
-        kb.embedder.load()  # a model that cannot load fails the whole source with its reason
-    for start in range(0, len(need), EMBED_GROUP):
+    return _Prepared(doc, name, sid, key, captured_by, digest, chunks, texts, hashes, cids, need)
+
+
+def _embed(kb: KnowledgeBase, batch: list[_Prepared], progress: Progress | None,
+           check_cancelled: CancelCheck | None) -> None:
+    """Embed every needed passage of the batch together, in length-sorted model batches.
+
+    If the model cannot load, every source fails with that reason. If a batch
+    fails, its passages are retried one by one so only the bad ones fail.
+    """
+    wanted = [(p, i) for p in batch for i in p.need]
+    if not wanted:
+        return
+    kb.embedder.load()
+    names = ", ".join(p.name for p in batch[:3]) + (" ..." if len(batch) > 3 else "")
+
+    def tick(done: int, total: int) -> None:
         if check_cancelled:
             check_cancelled()
-        group = need[start : start + EMBED_GROUP]
-        try:
-            out = kb.embedder.embed([texts[i] for i in group])
-            vectors.update(zip(group, out, strict=True))
-        except EmbeddingUnavailable:
-            for i in group:  # isolate the passages that fail from those that embed
-                try:
-                    vectors[i] = kb.embedder.embed([texts[i]])[0]
-                except EmbeddingUnavailable as err:
-                    failures[i] = str(err)
-        _emit(progress, stage="embed", done=min(start + EMBED_GROUP, len(need)), total=len(need),
-              source=name)
-    if check_cancelled:
-        check_cancelled()
-    reused = [i for i in range(len(chunks)) if i not in vectors and i not in failures]
-    if not vectors and not reused:
-        reasons = sorted(set(failures.values()))
-        raise NothingWritten(f"{name}: none of its {len(chunks)} passages could be embedded "
-                             f"({'; '.join(reasons)[:500]})", detail={"failures": len(failures)})
+        _emit(progress, stage="embed", done=done, total=total, source=names)
 
+    try:
+        out = kb.embedder.embed([p.texts[i] for p, i in wanted], progress=tick)
+        for (p, i), vec in zip(wanted, out, strict=True):
+            p.vectors[i] = vec
+        return
+    except EmbeddingUnavailable:
+        pass
+    for n, (p, i) in enumerate(wanted):
+        if check_cancelled:
+            check_cancelled()
+        try:
+            p.vectors[i] = kb.embedder.embed([p.texts[i]])[0]
+        except EmbeddingUnavailable as err:
+            p.failures[i] = str(err)
+        _emit(progress, stage="embed", done=n + 1, total=len(wanted), source=names)
+
+
+def _write(kb: KnowledgeBase, batch: list[_Prepared], progress: Progress | None) -> None:
+    """One transaction for the whole batch: each source lands whole or not at all."""
     now = time.time()
-    before: dict[str, tuple[str, bool]] = {}
+    total = sum(len(p.chunks) for p in batch)
+    _emit(progress, stage="write", done=0, total=total, source=batch[0].name)
 
     def mutate(db: sqlite3.Connection) -> Change:
-        before.update(_existing_chunks(kb, sid, db))
         change = Change()
-        row = db.execute("SELECT added_at FROM sources WHERE id = ?", (sid,)).fetchone()
-        db.execute(
-            "INSERT INTO sources (id, kb_id, key, type, title, url, file_name, content_hash, "
-            "captured_by, chunk_count, pages, lang, added_at, updated_at) "
-            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET "
-            "type=excluded.type, title=excluded.title, url=excluded.url, "
-            "file_name=excluded.file_name, content_hash=excluded.content_hash, "
-            "captured_by=excluded.captured_by, chunk_count=excluded.chunk_count, "
-            "pages=excluded.pages, lang=excluded.lang, updated_at=excluded.updated_at",
-            (sid, kb.id, key, doc.type, doc.title, doc.url, doc.file_name, digest, captured_by,
-             len(chunks), doc.pages, doc.lang, row["added_at"] if row else now, now))
-        keep: set[str] = set()
-        for i, c in enumerate(chunks):
-            if i in failures:
-                continue
-            keep.add(cids[i])
-            if i in vectors:
-                db.execute(
-                    "INSERT INTO chunks (id, vkey, kb_id, source_id, idx, text, text_hash, page, "
-                    "tokens, vector, indexed_by, indexed_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?) "
-                    "ON CONFLICT(id) DO UPDATE SET text=excluded.text, text_hash=excluded.text_hash, "
-                    "page=excluded.page, tokens=excluded.tokens, vector=excluded.vector, "
-                    "indexed_by=excluded.indexed_by, indexed_at=excluded.indexed_at",
-                    (cids[i], vector_key(cids[i]), kb.id, sid, c.index, c.text, hashes[i], c.page,
-                     c.tokens, vector_blob(vectors[i]), captured_by, now))
-                change.upserted.append((cids[i], vector_key(cids[i])))
-        stale = [cid for cid in before if cid not in keep]
-        db.executemany("DELETE FROM chunks WHERE id = ?", [(cid,) for cid in stale])
-        change.deleted.extend((cid, vector_key(cid)) for cid in stale)
+        for p in batch:
+            p.before = _existing_chunks(kb, p.sid, db)
+            row = db.execute("SELECT added_at FROM sources WHERE id = ?", (p.sid,)).fetchone()
+            db.execute(
+                "INSERT INTO sources (id, kb_id, key, type, title, url, file_name, content_hash, "
+                "captured_by, chunk_count, pages, lang, added_at, updated_at) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET "
+                "type=excluded.type, title=excluded.title, url=excluded.url, "
+                "file_name=excluded.file_name, content_hash=excluded.content_hash, "
+                "captured_by=excluded.captured_by, chunk_count=excluded.chunk_count, "
+                "pages=excluded.pages, lang=excluded.lang, updated_at=excluded.updated_at",
+                (p.sid, kb.id, p.key, p.doc.type, p.doc.title, p.doc.url, p.doc.file_name, p.digest,
+                 p.captured_by, len(p.chunks), p.doc.pages, p.doc.lang,
+                 row["added_at"] if row else now, now))
+            keep: set[str] = set()
+            for i, c in enumerate(p.chunks):
+                if i in p.failures:
+                    continue
+                cid = p.cids[i]
+                keep.add(cid)
+                if i in p.vectors:
+                    db.execute(
+                        "INSERT INTO chunks (id, vkey, kb_id, source_id, idx, text, text_hash, page, "
+                        "tokens, vector, indexed_by, indexed_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?) "
+                        "ON CONFLICT(id) DO UPDATE SET text=excluded.text, "
+                        "text_hash=excluded.text_hash, page=excluded.page, tokens=excluded.tokens, "
+                        "vector=excluded.vector, indexed_by=excluded.indexed_by, "
+                        "indexed_at=excluded.indexed_at",
+                        (cid, vector_key(cid), kb.id, p.sid, c.index, c.text, p.hashes[i], c.page,
+                         c.tokens, vector_blob(p.vectors[i]), p.captured_by, now))
+                    change.upserted.append((cid, vector_key(cid)))
+            stale = [cid for cid in p.before if cid not in keep]
+            db.executemany("DELETE FROM chunks WHERE id = ?", [(cid,) for cid in stale])
+            change.deleted.extend((cid, vector_key(cid)) for cid in stale)
         return change
 
-    _emit(progress, stage="write", done=0, total=len(chunks), source=name)
     kb.write(mutate)
-    _emit(progress, stage="write", done=len(chunks), total=len(chunks), source=name)
+    _emit(progress, stage="write", done=total, total=total, source=batch[-1].name)
 
-    # Count what is really there now.
-    after = _existing_chunks(kb, sid)
-    report = SourceReport(name=name, status="", source_id=sid, title=doc.title, url=doc.url,
-                          total=len(chunks))
-    for i, cid in enumerate(cids):
-        now_row = after.get(cid)
-        if not now_row or not now_row[1] or now_row[0] != hashes[i]:
-            report.failed += 1
-            reason = failures.get(i, "the passage is not in the catalogue after the write")
-            report.failures.append({"chunk_index": i, "page": chunks[i].page, "reason": reason})
-        elif cid not in before:
-            report.added += 1
-        elif before[cid] == (hashes[i], True):
-            report.unchanged += 1
+
+def _report(kb: KnowledgeBase, p: _Prepared) -> SourceReport:
+    """Count what is really in the catalogue now, passage by passage."""
+    after = _existing_chunks(kb, p.sid)
+    rep = SourceReport(name=p.name, status="", source_id=p.sid, title=p.doc.title, url=p.doc.url,
+                       total=len(p.chunks))
+    for i, cid in enumerate(p.cids):
+        row = after.get(cid)
+        if not row or not row[1] or row[0] != p.hashes[i]:
+            rep.failed += 1
+            reason = p.failures.get(i, "the passage is not in the catalogue after the write")
+            rep.failures.append({"chunk_index": i, "page": p.chunks[i].page, "reason": reason})
+        elif cid not in p.before:
+            rep.added += 1
+        elif p.before[cid] == (p.hashes[i], True):
+            rep.unchanged += 1
         else:
-            report.updated += 1
-    report.removed = sum(1 for cid in before if cid not in after)
-    if report.failed == report.total:
-        raise NothingWritten(f"{name}: no passage was stored")
-    if report.failed:
-        report.status = "partial"
-        kb.catalog.log_error("ingest", "partial_write", f"{name}: {report.summary}", kb_id=kb.id,
-                             ref=sid, detail={"failures": report.failures[:50]})
-    elif not before:
-        report.status = "added"
+            rep.updated += 1
+    rep.removed = sum(1 for cid in p.before if cid not in after)
+    if rep.failed == rep.total:
+        rep.status = "failed"
+        reasons = sorted({f["reason"] for f in rep.failures})
+        rep.error = {"code": NothingWritten.code,
+                     "message": f"none of its {rep.total} passages could be saved "
+                                f"({'; '.join(reasons)[:400]})"}
+    elif rep.failed:
+        rep.status = "partial"
+    elif not p.before:
+        rep.status = "added"
     else:
-        report.status = "updated" if (report.added or report.updated or report.removed) else "unchanged"
-    return report
+        rep.status = "updated" if (rep.added or rep.updated or rep.removed) else "unchanged"
+    if rep.failed:
+        kb.catalog.log_error("ingest", "nothing_written" if rep.status == "failed" else "partial_write",
+                             f"{p.name}: {rep.summary}", kb_id=kb.id, ref=p.sid,
+                             detail={"failures": rep.failures[:50]})
+    return rep
+
+
+def _flush(kb: KnowledgeBase, batch: list[_Prepared], progress: Progress | None,
+           check_cancelled: CancelCheck | None) -> list[SourceReport]:
+    _embed(kb, batch, progress, check_cancelled)
+    if check_cancelled:
+        check_cancelled()
+    writable = [p for p in batch if len(p.failures) < len(p.chunks)]
+    if writable:
+        _write(kb, writable, progress)
+    # A source none of whose passages embedded is not written at all: what was stored stays.
+    return [_report(kb, p) for p in batch]
+
+
+def ingest_documents(kb: KnowledgeBase, items: Iterable[tuple[str, Callable[[], tuple[Document, str]]]],
+                     *, captured_by: str = "cli", progress: Progress | None = None,
+                     check_cancelled: CancelCheck | None = None, batch_passages: int = 256,
+                     ) -> list[SourceReport]:
+    """Extract, chunk, embed and write many sources, embedding and writing them in batches.
+
+    ``items`` yields (name, loader) where the loader returns (document, source key)
+    or raises; a failing item is reported by name and never stops the others.
+    """
+    reports: list[SourceReport] = []
+    batch: list[_Prepared] = []
+    pending = 0
+    items = list(items)
+    for n, (name, load) in enumerate(items):
+        if check_cancelled:
+            check_cancelled()
+        _emit(progress, stage="extract", done=n, total=len(items), source=name)
+        try:
+            doc, key = load()
+            prepared = _prepare(kb, doc, key, captured_by, progress)
+        except Cancelled:
+            raise
+        except LocalKBError as err:
+            kb.catalog.log_error("ingest", err.code, f"{name}: {err}", kb_id=kb.id, ref=name)
+            reports.append(_failed(name, err))
+            continue
+        if isinstance(prepared, SourceReport):
+            prepared.name = name
+            reports.append(prepared)
+            continue
+        prepared.name = name
+        batch.append(prepared)
+        pending += len(prepared.need)
+        if pending >= batch_passages:
+            reports += _flush_or_fail(kb, batch, progress, check_cancelled)
+            batch, pending = [], 0
+    if batch:
+        reports += _flush_or_fail(kb, batch, progress, check_cancelled)
+    return reports
+
+
+def _flush_or_fail(kb: KnowledgeBase, batch: list[_Prepared], progress: Progress | None,
+                   check_cancelled: CancelCheck | None) -> list[SourceReport]:
+    try:
+        return _flush(kb, batch, progress, check_cancelled)
+    except Cancelled:
+        raise
+    except LocalKBError as err:
+        for p in batch:
+            kb.catalog.log_error("ingest", err.code, f"{p.name}: {err}", kb_id=kb.id, ref=p.sid)
+        return [_failed(p.name, err) for p in batch]
+
+
+def add_document(kb: KnowledgeBase, doc: Document, *, key: str, captured_by: str = "cli",
+                 progress: Progress | None = None, check_cancelled: CancelCheck | None = None,
+                 ) -> SourceReport:
+    """Chunk, embed and write one document as one source; raise if nothing could be stored."""
+    prepared = _prepare(kb, doc, key, captured_by, progress)
+    if isinstance(prepared, SourceReport):
+        return prepared
+    rep = _flush(kb, [prepared], progress, check_cancelled)[0]
+    if rep.status == "failed":
+        raise NothingWritten(f"{rep.name}: {rep.error['message']}",
+                             detail={"failures": rep.failures[:50]})
+    return rep
 
 
 def _existing_chunks(kb: KnowledgeBase, sid: str,
@@ -314,12 +435,15 @@ def add_paths(kb: KnowledgeBase, items: Iterable[str], *, captured_by: str = "cl
     report = IngestReport()
     settings = kb.store.settings
     for item in items:
+        via = captured_by
         if item.startswith(("http://", "https://")):
-            jobs: list[tuple[str, Callable[[], tuple[Document, str]]]] = [(item, _url_job(item, settings))]
+            jobs = [(item, _url_job(item, settings))]
+            via = "url" if captured_by == "cli" else captured_by
         else:
             path = Path(item).expanduser()
             if path.is_dir():
                 jobs = [(str(p), _file_job(p)) for p in walk_folder(path, include, exclude)]
+                via = "folder" if captured_by == "cli" else captured_by
                 if not jobs:
                     report.sources.append(_failed(item, InvalidInput("the folder has no files to add")))
             elif path.is_file():
@@ -327,22 +451,8 @@ def add_paths(kb: KnowledgeBase, items: Iterable[str], *, captured_by: str = "cl
             else:
                 report.sources.append(_failed(item, InvalidInput("no such file or folder")))
                 jobs = []
-        via = captured_by
-        for n, (name, job) in enumerate(jobs):
-            _emit(progress, stage="extract", done=n, total=len(jobs), source=name)
-            try:
-                doc, key = job()
-                if len(jobs) > 1 and captured_by == "cli":
-                    via = "folder"
-                rep = add_document(kb, doc, key=key, captured_by=via, progress=progress,
-                                   check_cancelled=check_cancelled)
-                rep.name = name
-                report.sources.append(rep)
-            except Cancelled:
-                raise
-            except LocalKBError as err:
-                kb.catalog.log_error("ingest", err.code, f"{name}: {err}", kb_id=kb.id, ref=name)
-                report.sources.append(_failed(name, err))
+        report.sources += ingest_documents(kb, jobs, captured_by=via, progress=progress,
+                                           check_cancelled=check_cancelled)
     return report
 
 

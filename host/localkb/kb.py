@@ -124,6 +124,7 @@ class Store:
                 if isinstance(err.__cause__, sqlite3.IntegrityError):
                     raise Conflict(f"a knowledge base named {name!r} already exists") from err
                 raise
+            self.open_kb(kb_id).indexes()  # empty derived indexes exist from the start
         return self.resolve(kb_id)
 
     def update_kb(self, ref: str, *, name: str | None = None, privacy: str | None = None) -> KBRecord:

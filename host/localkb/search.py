@@ -174,6 +174,7 @@ class Searcher:
         if rerank and self.reranker is None:
             raise InvalidInput("rerank needs a cross-encoder model (--rerank-model PATH)")
         cutoff = self.store.settings.cutoff if cutoff is None else float(cutoff)
+        kb_refs = [self.store.resolve(ref).id for ref in kb_refs]  # an unknown name is the caller's error
         result = SearchResult(query=query, mode=mode, cutoff=cutoff, terms=query_terms(query))
         qcache: dict[str, np.ndarray | EmbeddingUnavailable] = {}
         started = time.perf_counter()
