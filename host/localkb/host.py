@@ -85,9 +85,7 @@ class _Session:
         self._log = log
         self._state = threading.Condition()
         self._inflight: dict[str | int, Context] = {}  # accepted, queued or running
-        self._queue: queue.SimpleQueue[tuple[protocol.Request, Context] | None] = (
-            queue.SimpleQueue()
-        )
+        self._queue: queue.SimpleQueue[tuple[protocol.Request, Context] | None] = queue.SimpleQueue()
         self._threads = [
             # Daemons: a handler that ignores cancellation must not keep the process
             # alive after the port is gone and the drain period is over.
@@ -113,9 +111,7 @@ class _Session:
                 self._broken = True
                 self._log.warning("stdout closed, dropping output: %s", err)
 
-    def send_error(
-        self, request_id: Any, code: str, message: str, detail: Mapping | None = None
-    ) -> None:
+    def send_error(self, request_id: Any, code: str, message: str, detail: Mapping | None = None) -> None:
         self.send([protocol.error_frame(request_id, code, message, detail)])
 
     # -- dispatch --
@@ -125,9 +121,7 @@ class _Session:
             self._cancel(request)
             return
         if request.type not in self._handlers:
-            self.send_error(
-                request.id, protocol.UNKNOWN_TYPE, f"unknown message type {request.type!r}"
-            )
+            self.send_error(request.id, protocol.UNKNOWN_TYPE, f"unknown message type {request.type!r}")
             return
         with self._state:
             if request.id in self._inflight:
@@ -184,9 +178,7 @@ class _Session:
             ctx.check_cancelled()
             result = handler(request.data, ctx)
             if not isinstance(result, dict):
-                raise TypeError(
-                    f"handler for {request.type!r} returned {type(result).__name__}, not dict"
-                )
+                raise TypeError(f"handler for {request.type!r} returned {type(result).__name__}, not dict")
             frames = protocol.reply_frames(request.id, result)
         except LocalKBError as err:
             self._log.info("%s %r failed: %s: %s", request.type, request.id, err.code, err)
@@ -195,9 +187,7 @@ class _Session:
         except Exception:
             # A bug in a handler must cost one request, never the host.
             self._log.exception("%s %r raised", request.type, request.id)
-            self.send_error(
-                request.id, protocol.INTERNAL_ERROR, f"internal error in {request.type!r}"
-            )
+            self.send_error(request.id, protocol.INTERNAL_ERROR, f"internal error in {request.type!r}")
             return
         self.send(frames)
 
@@ -238,9 +228,7 @@ def serve(
     """Serve requests from ``stdin_binary`` until EOF; return the exit code (see module doc)."""
     session = _Session(stdout_binary, handlers, log, workers)
     code = EXIT_OK
-    log.info(
-        "host %s (protocol %d) serving %d handler(s)", __version__, PROTOCOL_VERSION, len(handlers)
-    )
+    log.info("host %s (protocol %d) serving %d handler(s)", __version__, PROTOCOL_VERSION, len(handlers))
     while True:
         try:
             body = protocol.read_frame(stdin_binary)
@@ -283,18 +271,26 @@ def setup_logging(data_dir: Path) -> logging.Logger:
     fmt = logging.Formatter("%(asctime)s %(process)d %(threadName)s %(levelname)s %(message)s")
     log_file = (Path(data_dir) / "logs" / "host.log").resolve()
     have = {getattr(h, "baseFilename", None) for h in logger.handlers}
+    file_problem = None
     if str(log_file) not in have:
-        log_file.parent.mkdir(parents=True, exist_ok=True)
-        file_handler = logging.handlers.RotatingFileHandler(
-            log_file, maxBytes=2 * 1024 * 1024, backupCount=3, encoding="utf-8"
-        )
-        file_handler.setFormatter(fmt)
-        logger.addHandler(file_handler)
+        try:
+            log_file.parent.mkdir(parents=True, exist_ok=True)
+            file_handler = logging.handlers.RotatingFileHandler(
+                log_file, maxBytes=2 * 1024 * 1024, backupCount=3, encoding="utf-8"
+            )
+        except OSError as err:
+            # An unwritable data dir must not stop the host: status reports it later.
+            file_problem = err
+        else:
+            file_handler.setFormatter(fmt)
+            logger.addHandler(file_handler)
     if not any(getattr(h, "_localkb_stderr", False) for h in logger.handlers):
         stderr_handler = logging.StreamHandler(sys.stderr)
         stderr_handler._localkb_stderr = True  # type: ignore[attr-defined]
         stderr_handler.setFormatter(fmt)
         logger.addHandler(stderr_handler)
+    if file_problem is not None:
+        logger.warning("no log file at %s: %s", log_file, file_problem)
     return logger
 
 
@@ -328,9 +324,7 @@ def _default_handlers(log: logging.Logger) -> Mapping[str, Handler]:
         return {"status": _fallback_status}
 
 
-def main(
-    argv: Sequence[str] | None = None, *, handlers: Mapping[str, Handler] | None = None
-) -> int:
+def main(argv: Sequence[str] | None = None, *, handlers: Mapping[str, Handler] | None = None) -> int:
     """Run the host on this process's stdio; ``argv`` is what the browser passed (logged only).
 
     Chrome passes the caller's origin (and ``--parent-window=`` on Windows), Firefox the
