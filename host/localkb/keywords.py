@@ -109,7 +109,11 @@ def _schema():
 class KeywordHit:
     chunk_id: str
     bm25: float
-    matched: int  # how many distinct query terms the chunk contains
+    terms: frozenset[str]  # the query terms this chunk contains
+
+    @property
+    def matched(self) -> int:
+        return len(self.terms)
 
 
 class KeywordIndex:
@@ -194,7 +198,8 @@ class KeywordIndex:
         try:
             results = self.searcher().search(query, limit=limit, terms=True)
             return [KeywordHit(hit["chunk_id"], float(hit.score),
-                               len({t for _f, t in hit.matched_terms()}))
+                               frozenset(t.decode("utf-8") if isinstance(t, bytes) else t
+                                         for _f, t in hit.matched_terms()))
                     for hit in results]
         except Exception as err:
             raise IndexUnavailable(f"keyword search failed: {err}") from err

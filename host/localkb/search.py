@@ -20,7 +20,7 @@ from .catalog import blob_vector, vector_key
 from .errors import EmbeddingUnavailable, InvalidInput, LocalKBError
 from .hybrid import rrf
 from .kb import KnowledgeBase, Store
-from .keywords import query_terms
+from .keywords import is_code_like, query_terms
 
 MODES = ("hybrid", "vector", "keyword")
 #: Below the cut-off by at most this much, a hit is a "weaker match"; further down it is noise.
@@ -75,7 +75,7 @@ class KBStatus:
     error: dict | None = None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "line": status_line(self)}
 
 
 @dataclass
@@ -158,12 +158,13 @@ class Searcher:
         self.reranker = reranker
 
     def search(self, kb_refs: Sequence[str], query: str, *, k: int = 8, mode: str = "hybrid",
-               cutoff: float | None = None, rerank: bool = False,
+               cutoff: float | None = None, rerank: bool = False, floor: bool = True,
                skipped: Sequence[tuple[str, str, str]] = ()) -> SearchResult:
         """Search each knowledge base separately and merge, keeping where each hit came from.
 
         ``skipped`` carries (kb id, name, reason) for knowledge bases the privacy
         gate kept out; they get the status ``skipped`` and are not searched.
+        ``floor=False`` returns the plain fused ranking (the evals score that).
         """
         if mode not in MODES:
             raise InvalidInput(f"mode must be one of {', '.join(MODES)}")
@@ -180,7 +181,7 @@ class Searcher:
         started = time.perf_counter()
         for ref in kb_refs:
             status, hits = self._search_one(ref, query, result.terms, k, mode, cutoff, rerank,
-                                            qcache, result.trace)
+                                            floor, qcache, result.trace)
             result.statuses.append(status)
             result.hits += [h for h in hits if h.relevant]
             result.weaker += [h for h in hits if not h.relevant]
@@ -194,7 +195,7 @@ class Searcher:
         return result
 
     def _search_one(self, ref: str, query: str, terms: list[str], k: int, mode: str,
-                    cutoff: float, rerank: bool, qcache: dict, trace: dict,
+                    cutoff: float, rerank: bool, floor: bool, qcache: dict, trace: dict,
                     ) -> tuple[KBStatus, list[Hit]]:
         t: dict[str, float] = {}
         name = ref
@@ -244,6 +245,21 @@ class Searcher:
                 t["keyword_error"] = str(err)
             lists["keyword"] = [vector_key(h.chunk_id) for h in khits]
             bm25.update((vector_key(h.chunk_id), (h.bm25, h.matched)) for h in khits)
+            codes = {t for t in terms if is_code_like(t)}
+            if codes:
+                # Exact identifiers get a list of their own: chunks holding the query's
+                # code-like terms, most of them first. A sentence model sees ERR_4521 and
+                # ERR_4512 as near-twins; this list does not.
+                exact = sorted((h for h in khits if h.terms & codes),
+                               key=lambda h: (len(h.terms & codes), h.bm25), reverse=True)
+                lists["exact"] = [vector_key(h.chunk_id) for h in exact]
+        if mode == "keyword":
+            # The floor is on cosine for every hit, so keyword mode still embeds the query
+            # (best effort): without it, only real keyword matches count as relevant.
+            try:
+                qvec = self._embed_query(kb, query, qcache)
+            except LocalKBError:
+                qvec = None
         degraded = embed_error is not None
         if degraded:
             kb.catalog.log_error("rag-retrieval", embed_error.code,
@@ -263,7 +279,7 @@ class Searcher:
                 cos = float(np.dot(blob_vector(row["vector"]), qvec))
             b, matched = bm25.get(key, (None, 0))
             keyword_match = b is not None and b > 0 and matched > need_terms
-            relevant = keyword_match or (cos is not None and cos >= cutoff)
+            relevant = keyword_match or (cos is not None and cos >= cutoff) or not floor
             hits.append(Hit(
                 kb=kb.id, kb_name=name, chunk_id=row["id"], source_id=row["source_id"],
                 title=row["title"], url=row["url"], file_name=row["file_name"],

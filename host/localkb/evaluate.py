@@ -1,0 +1,160 @@
+"""Retrieval evals on any folder in BEIR layout, through the real search path.
+
+``corpus.jsonl`` (``_id``, ``title``, ``text``), ``queries.jsonl`` (``_id``,
+``text``, optional ``kind``) and ``qrels/test.tsv``. The corpus is indexed into
+a throw-away store; each mode ranks documents by their best passage.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from .config import Settings
+from .errors import InvalidInput
+from .extract import Document, Section
+from .ingest import ingest_documents
+from .kb import Store
+from .search import Reranker, Searcher
+
+CUTS = (1, 3, 5, 10)
+
+
+def load_beir(path: Path, split: str = "test") -> tuple[dict, dict, dict]:
+    """(corpus, queries, qrels) of a BEIR folder; queries limited to those with judgements."""
+    path = Path(path)
+    try:
+        corpus = {}
+        with open(path / "corpus.jsonl", encoding="utf-8") as fh:
+            for line in fh:
+                if line.strip():
+                    d = json.loads(line)
+                    corpus[str(d["_id"])] = d
+        qrels: dict[str, dict[str, int]] = defaultdict(dict)
+        with open(path / "qrels" / f"{split}.tsv", encoding="utf-8") as fh:
+            for n, line in enumerate(fh):
+                parts = line.rstrip("\n").split("\t")
+                if n == 0 and not parts[-1].lstrip("-").isdigit():
+                    continue
+                if len(parts) >= 3 and int(parts[2]) > 0:
+                    qrels[parts[0]][parts[1]] = int(parts[2])
+        queries = {}
+        with open(path / "queries.jsonl", encoding="utf-8") as fh:
+            for line in fh:
+                if line.strip():
+                    q = json.loads(line)
+                    if str(q["_id"]) in qrels:
+                        queries[str(q["_id"])] = q
+    except (OSError, ValueError, KeyError) as err:
+        raise InvalidInput(f"{path} is not a readable BEIR folder: {err}") from err
+    return corpus, queries, dict(qrels)
+
+
+def metrics(ranked: Sequence[str], relevant: dict[str, int]) -> dict[str, float]:
+    """recall@1/3/5/10, MRR@10 and nDCG@10 (BEIR's definitions) for one query."""
+    out = {}
+    for cut in CUTS:
+        out[f"recall@{cut}"] = len(set(ranked[:cut]) & set(relevant)) / len(relevant)
+    rr = next((1.0 / (i + 1) for i, d in enumerate(ranked[:10]) if d in relevant), 0.0)
+    out["mrr@10"] = rr
+    dcg = sum(relevant.get(d, 0) / math.log2(i + 2) for i, d in enumerate(ranked[:10]))
+    ideal = sorted(relevant.values(), reverse=True)[:10]
+    idcg = sum(g / math.log2(i + 2) for i, g in enumerate(ideal))
+    out["ndcg@10"] = dcg / idcg if idcg else 0.0
+    return out
+
+
+def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
+    return {k: round(sum(r[k] for r in rows) / len(rows), 4) for k in rows[0]} if rows else {}
+
+
+def run_eval(path: str | Path, *, modes: Sequence[str] = ("vector", "keyword", "hybrid"),
+             model: str | None = None, k: int = 10, rerank_model: str | None = None,
+             limit_queries: int | None = None, settings: Settings | None = None,
+             progress=None) -> dict:
+    """Index the corpus into a temporary store and score every mode; returns a dict of figures."""
+    corpus, queries, qrels = load_beir(Path(path))
+    if limit_queries:
+        queries = dict(list(queries.items())[:limit_queries])
+    reranker = Reranker(Path(rerank_model)) if rerank_model else None
+    run_modes = [(m, False) for m in modes] + ([("hybrid", True)] if reranker else [])
+    with tempfile.TemporaryDirectory(prefix="localkb-eval-") as tmp:
+        base = settings or Settings.from_env()
+        store = Store(replace(base, data_dir=Path(tmp)))
+        try:
+            store.create_kb("eval", model=model)
+            kb = store.open_kb("eval")
+            t0 = time.perf_counter()
+            jobs = [(doc_id, _loader(doc_id, d)) for doc_id, d in corpus.items()]
+            reports = ingest_documents(kb, jobs, captured_by="api", progress=progress,
+                                       batch_passages=1024)
+            index_s = time.perf_counter() - t0
+            failed = [r.name for r in reports if r.status == "failed"]
+            sid_to_doc = {r.source_id: r.name for r in reports if r.source_id}
+            searcher = Searcher(store, reranker=reranker)
+            results: dict = {"dataset": str(path), "model": kb.record.model,
+                             "variant": kb.embedder.describe().get("variant"),
+                             "documents": len(corpus), "passages": store.catalog.counts(kb.id)["chunks"],
+                             "queries": len(queries), "index_seconds": round(index_s, 1),
+                             "failed_documents": failed, "modes": {}}
+            for mode, rerank in run_modes:
+                per_query, latencies = {}, []
+                for qid, q in queries.items():
+                    t1 = time.perf_counter()
+                    res = searcher.search([kb.id], q["text"], k=max(k, 10) * 3, mode=mode,
+                                          rerank=rerank, floor=False)
+                    latencies.append((time.perf_counter() - t1) * 1000)
+                    ranked: list[str] = []
+                    for h in res.hits:
+                        doc = sid_to_doc.get(h.source_id)
+                        if doc and doc not in ranked:
+                            ranked.append(doc)
+                    per_query[qid] = metrics(ranked, qrels[qid])
+                kinds: dict[str, list] = defaultdict(list)
+                for qid, m in per_query.items():
+                    kinds[str(queries[qid].get("kind") or "all")].append(m)
+                name = mode + ("+rerank" if rerank else "")
+                results["modes"][name] = {
+                    "overall": _mean(list(per_query.values())),
+                    "by_kind": {kind: _mean(rows) for kind, rows in sorted(kinds.items())}
+                    if len(kinds) > 1 else {},
+                    "median_ms": round(statistics.median(latencies), 2),
+                    "p95_ms": round(sorted(latencies)[int(0.95 * (len(latencies) - 1))], 2),
+                }
+            return results
+        finally:
+            store.close()
+
+
+def _loader(doc_id: str, d: dict):
+    def load() -> tuple[Document, str]:
+        title = (d.get("title") or "").strip()
+        text = (d.get("text") or "").strip() or title
+        return Document(title=title, type="text", sections=[Section(text)]), f"doc:{doc_id}"
+
+    return load
+
+
+def format_table(res: dict) -> str:
+    """The figures as a plain table, one row per mode (and per kind when queries have kinds)."""
+    cols = ["recall@1", "recall@3", "recall@5", "recall@10", "mrr@10", "ndcg@10"]
+    lines = [f"{res['dataset']}: {res['documents']} documents, {res['passages']} passages, "
+             f"{res['queries']} queries; model {res['model']} ({res['variant']}); "
+             f"indexed in {res['index_seconds']} s",
+             f"{'mode':22} " + " ".join(f"{c:>9}" for c in cols) + f" {'median ms':>10} {'p95 ms':>8}"]
+    for mode, m in res["modes"].items():
+        lines.append(f"{mode:22} " + " ".join(f"{m['overall'][c]:9.3f}" for c in cols)
+                     + f" {m['median_ms']:10.2f} {m['p95_ms']:8.2f}")
+        for kind, row in m["by_kind"].items():
+            lines.append(f"  {kind:20} " + " ".join(f"{row[c]:9.3f}" for c in cols))
+    if res["failed_documents"]:
+        lines.append(f"{len(res['failed_documents'])} documents could not be indexed: "
+                     + ", ".join(res["failed_documents"][:10]))
+    return "\n".join(lines)

@@ -1,0 +1,292 @@
+"""The native-messaging handlers: validate ``data``, call the core, return a result dict.
+
+Thin by design (the CLI's twin): no retrieval or storage logic lives here.
+Heavy modules are imported inside the handlers so ``status`` answers from a
+cold start before the model or the indexes are touched.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from . import PROTOCOL_VERSION, __version__
+from .config import Settings
+from .errors import InvalidInput, LocalKBError
+
+MAX_TEXT = 64 * 1024 * 1024
+_store = None
+_store_lock = threading.Lock()
+
+
+def get_store():
+    """The process-wide store (opened on first use, so the model and indexes load once)."""
+    global _store  # noqa: PLW0603 - one store per host process, created lazily
+    with _store_lock:
+        if _store is None:
+            from .kb import Store
+
+            _store = Store(Settings.from_env())
+        return _store
+
+
+def reset_store() -> None:
+    """Forget the process-wide store (tests that change LOCALKB_HOME)."""
+    global _store  # noqa: PLW0603
+    with _store_lock:
+        if _store is not None:
+            _store.close()
+        _store = None
+
+
+# -- field checks ------------------------------------------------------------------
+def req_str(data: Mapping, key: str, *, max_len: int = 4096, required: bool = True,
+            allow_empty: bool = False) -> str | None:
+    value = data.get(key)
+    if value is None:
+        if required:
+            raise InvalidInput(f"'{key}' is required", detail={"field": key})
+        return None
+    if not isinstance(value, str):
+        raise InvalidInput(f"'{key}' must be a string", detail={"field": key})
+    if len(value) > max_len:
+        raise InvalidInput(f"'{key}' is longer than {max_len:,} characters", detail={"field": key})
+    if not allow_empty and not value.strip():
+        raise InvalidInput(f"'{key}' is empty", detail={"field": key})
+    return value
+
+
+def req_int(data: Mapping, key: str, default: int, *, lo: int, hi: int) -> int:
+    value = data.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise InvalidInput(f"'{key}' must be an integer from {lo} to {hi}", detail={"field": key})
+    return value
+
+
+def req_bool(data: Mapping, key: str, default: bool = False) -> bool:
+    value = data.get(key, default)
+    if not isinstance(value, bool):
+        raise InvalidInput(f"'{key}' must be true or false", detail={"field": key})
+    return value
+
+
+def req_kbs(data: Mapping) -> list[str]:
+    """``kbs`` (a list of ids or names) or a single ``kb``."""
+    if "kbs" in data:
+        kbs = data["kbs"]
+        if not isinstance(kbs, list) or not kbs or len(kbs) > 50 or not all(
+                isinstance(k, str) and 0 < len(k) <= 200 for k in kbs):
+            raise InvalidInput("'kbs' must be a non-empty list of knowledge-base ids or names",
+                               detail={"field": "kbs"})
+        return kbs
+    return [req_str(data, "kb", max_len=200)]
+
+
+def b64_bytes(data: Mapping, key: str, *, max_bytes: int = MAX_TEXT) -> bytes | None:
+    raw = req_str(data, key, max_len=max_bytes * 4 // 3 + 8, required=False)
+    if raw is None:
+        return None
+    try:
+        return base64.b64decode(raw, validate=True)
+    except (binascii.Error, ValueError) as err:
+        raise InvalidInput(f"'{key}' is not valid base64", detail={"field": key}) from err
+
+
+# -- handlers ----------------------------------------------------------------------
+def h_status(data: dict, ctx) -> dict:
+    """Always answers: version, model state, data dir, per-knowledge-base counts and health."""
+    out: dict[str, Any] = {"host_version": __version__, "protocol_version": PROTOCOL_VERSION}
+    try:
+        settings = Settings.from_env()
+        out["data_dir"] = str(settings.data_dir)
+        from .catalog import Catalog
+
+        catalog = _store.catalog if _store is not None else Catalog(settings.data_dir / "catalog.sqlite")
+        kbs = []
+        for rec in catalog.kbs():
+            kbs.append({**rec.public(), **catalog.counts(rec.id),
+                        "index_health": _index_health(settings, rec)})
+        out["knowledge_bases"] = kbs
+        out["model"] = _model_state(settings)
+        out["endpoint"] = _endpoint_state(settings)
+        out["ready"] = True
+    except Exception as err:  # noqa: BLE001 - status reports every failure inside its reply
+        out["ready"] = False
+        out["problem"] = f"{type(err).__name__}: {err}"
+    return out
+
+
+def _index_health(settings: Settings, rec) -> str:
+    from .atomic import read_json
+
+    folder = settings.data_dir / "kbs" / rec.id
+    vec = read_json(folder / f"vectors-{rec.model}.json")
+    kw = read_json(folder / "keywords.json")
+    if vec is None or kw is None:
+        return "missing (rebuilt on first use)"
+    if vec.get("generation") != rec.generation or kw.get("generation") != rec.generation:
+        return "behind the catalogue (caught up on first use)"
+    return "ok"
+
+
+def _model_state(settings: Settings) -> dict:
+    from .embed import _SHARED
+
+    for (model_id, *_rest), emb in list(_SHARED.items()):
+        if model_id == settings.default_model:
+            info = emb.describe()
+            if getattr(emb, "load_error", None):
+                info["error"] = emb.load_error
+            return info
+    return {"id": settings.default_model, "loaded": False,
+            "reason": "not loaded yet: it loads on the first save or search"}
+
+
+def _endpoint_state(settings: Settings) -> dict | None:
+    try:
+        from .llm import load_config
+
+        cfg = load_config(settings.data_dir)
+    except LocalKBError as err:
+        return {"error": str(err)}
+    return cfg.default.public_dict() if cfg.default else None
+
+
+def h_kb_list(data: dict, ctx) -> dict:
+    store = get_store()
+    return {"knowledge_bases": [{**r.public(), **store.catalog.counts(r.id)} for r in store.kbs()]}
+
+
+def h_kb_create(data: dict, ctx) -> dict:
+    rec = get_store().create_kb(req_str(data, "name", max_len=80),
+                                privacy=req_str(data, "privacy", required=False) or "device",
+                                model=req_str(data, "model", required=False, max_len=100))
+    return {"knowledge_base": {**rec.public(), "sources": 0, "chunks": 0}}
+
+
+def h_kb_update(data: dict, ctx) -> dict:
+    store = get_store()
+    rec = store.update_kb(req_str(data, "kb", max_len=200),
+                          name=req_str(data, "name", required=False, max_len=80),
+                          privacy=req_str(data, "privacy", required=False))
+    return {"knowledge_base": {**rec.public(), **store.catalog.counts(rec.id)}}
+
+
+def h_kb_delete(data: dict, ctx) -> dict:
+    rec = get_store().delete_kb(req_str(data, "kb", max_len=200))
+    return {"deleted": rec.id, "name": rec.name}
+
+
+def h_source_add(data: dict, ctx) -> dict:
+    """Save a captured page; streams ``progress`` events, ends with the honest report."""
+    from .ingest import add_capture
+
+    url = req_str(data, "url", required=False, max_len=8192)
+    title = req_str(data, "title", required=False, max_len=2000, allow_empty=True)
+    html = req_str(data, "html", required=False, max_len=MAX_TEXT)
+    text = req_str(data, "text", required=False, max_len=MAX_TEXT)
+    pdf = b64_bytes(data, "pdf_base64")
+    captured_by = req_str(data, "captured_by", required=False, max_len=40) or "api"
+    kb = get_store().open_kb(req_str(data, "kb", max_len=200))
+
+    def progress(ev: dict) -> None:
+        ctx.emit("progress", {k: v for k, v in ev.items() if k != "source"})
+
+    report = add_capture(kb, url=url, title=title, html=html, text=text, pdf=pdf,
+                         captured_by=captured_by,
+                         canonical_url=req_str(data, "canonical_url", required=False, max_len=8192),
+                         lang=req_str(data, "lang", required=False, max_len=35),
+                         progress=progress, check_cancelled=ctx.check_cancelled)
+    return {**report.to_dict(), "kb": kb.id, "kb_name": kb.record.name}
+
+
+def h_source_list(data: dict, ctx) -> dict:
+    from .ingest import list_sources
+
+    kb = get_store().open_kb(req_str(data, "kb", max_len=200))
+    rows, total = list_sources(kb, offset=req_int(data, "offset", 0, lo=0, hi=10**9),
+                               limit=req_int(data, "limit", 100, lo=1, hi=10_000))
+    return {"sources": rows, "total": total}
+
+
+def h_source_remove(data: dict, ctx) -> dict:
+    from .ingest import remove_source
+
+    kb = get_store().open_kb(req_str(data, "kb", max_len=200))
+    return remove_source(kb, req_str(data, "source", max_len=8192))
+
+
+def h_search(data: dict, ctx) -> dict:
+    from .search import Searcher
+
+    cutoff = data.get("cutoff")
+    if cutoff is not None and (isinstance(cutoff, bool) or not isinstance(cutoff, int | float)):
+        raise InvalidInput("'cutoff' must be a number", detail={"field": "cutoff"})
+    res = Searcher(get_store()).search(
+        req_kbs(data), req_str(data, "query", max_len=4000), k=req_int(data, "k", 8, lo=1, hi=100),
+        mode=req_str(data, "mode", required=False) or "hybrid", cutoff=cutoff)
+    out = res.to_dict()
+    if req_bool(data, "include_weaker"):
+        out["hits"] = out["hits"] + out["weaker"]
+    return out
+
+
+def h_errors_list(data: dict, ctx) -> dict:
+    store = get_store()
+    kb = req_str(data, "kb", required=False, max_len=200)
+    rows, total = store.catalog.errors(
+        source=req_str(data, "source", required=False, max_len=40),
+        kb_id=store.resolve(kb).id if kb else None,
+        offset=req_int(data, "offset", 0, lo=0, hi=10**9), limit=req_int(data, "limit", 20, lo=1, hi=200))
+    return {"errors": rows, "total": total}
+
+
+def h_config_get(data: dict, ctx) -> dict:
+    from .llm import load_config
+
+    return load_config(get_store().root).public_dict()
+
+
+def h_config_set(data: dict, ctx) -> dict:
+    """Replace the endpoint list; an endpoint without ``api_key`` keeps its stored key."""
+    from .llm import Endpoint, LLMConfig, load_config, save_config
+
+    root = get_store().root
+    old = load_config(root)
+    endpoints = data.get("endpoints", [])
+    if not isinstance(endpoints, list) or len(endpoints) > 50:
+        raise InvalidInput("'endpoints' must be a list", detail={"field": "endpoints"})
+    parsed = []
+    for raw in endpoints:
+        if not isinstance(raw, dict):
+            raise InvalidInput("each endpoint must be an object", detail={"field": "endpoints"})
+        raw = dict(raw)
+        if "api_key" not in raw:
+            prev = next((e for e in old.endpoints if e.name == raw.get("name")), None)
+            raw["api_key"] = prev.api_key if prev else None
+        parsed.append(Endpoint.from_dict(raw))
+    default = req_str(data, "default_endpoint", required=False, max_len=100)
+    cfg = LLMConfig(endpoints=tuple(parsed), default_endpoint=default)
+    save_config(root, cfg)
+    return cfg.public_dict()
+
+
+Handler = Callable[[dict, Any], dict]
+
+HANDLERS: dict[str, Handler] = {
+    "status": h_status,
+    "kb.list": h_kb_list,
+    "kb.create": h_kb_create,
+    "kb.update": h_kb_update,
+    "kb.delete": h_kb_delete,
+    "source.add": h_source_add,
+    "source.list": h_source_list,
+    "source.remove": h_source_remove,
+    "search": h_search,
+    "errors.list": h_errors_list,
+    "config.get": h_config_get,
+    "config.set": h_config_set,
+}
