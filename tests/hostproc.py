@@ -238,7 +238,7 @@ def _handlers() -> dict:
         return {"quiet": True}
 
     def status(data: dict, ctx: Any) -> dict:
-        return {"version": localkb.__version__, "protocol": localkb.PROTOCOL_VERSION}
+        return {"host_version": localkb.__version__, "protocol_version": localkb.PROTOCOL_VERSION}
 
     return {
         "echo": echo,

@@ -274,10 +274,60 @@ def cmd_log(args, out: Out) -> int:
     return 0
 
 
+def cmd_install(args, out: Out) -> int:
+    import os
+    from pathlib import Path
+
+    from . import install as inst
+
+    browsers = args.browser or None
+    if args.check:
+        results = inst.check(browsers)
+        rows = [{**r.__dict__, "manifest": str(r.manifest),
+                 "launcher": str(r.launcher) if r.launcher else None} for r in results]
+
+        def text() -> str:
+            lines = []
+            for r in results:
+                state = "ok, the host answers" if not r.problem else r.problem
+                lines.append(f"{r.browser:9} {r.manifest}: {state}"
+                             + (f" (localkb {r.version})" if r.version else ""))
+            return "\n".join(lines) or "no browser found; name one with --browser"
+
+        out.emit({"browsers": rows}, text)
+        return 0 if results and all(r.problem is None for r in results if r.registered) else 1
+    home = os.environ.get("LOCALKB_HOME")
+    results = inst.install(browsers, localkb_home=Path(home) if home else None)
+    chrome_id, gecko_id = inst.extension_ids()
+    rows = [{"browser": r.browser, "manifest": str(r.manifest), "launcher": str(r.launcher)}
+            for r in results]
+
+    def text() -> str:
+        lines = [f"registered for {r['browser']}: {r['manifest']}" for r in rows]
+        if rows:
+            lines.append(f"launcher: {rows[0]['launcher']}")
+        lines.append(f"extension id: {chrome_id} (Chromium family), {gecko_id} (Firefox)")
+        return "\n".join(lines) if rows else "no browser found; name one with --browser"
+
+    out.emit({"installed": rows, "extension_id": chrome_id, "firefox_id": gecko_id}, text)
+    return 0 if rows else 1
+
+
+def cmd_uninstall(args, out: Out) -> int:
+    from . import install as inst
+
+    results = inst.uninstall(args.browser or None)
+    rows = [{"browser": r.browser, "manifest": str(r.manifest), "removed": r.removed} for r in results]
+    out.emit({"uninstalled": rows},
+             "\n".join(f"{r['browser']}: {'removed' if r['removed'] else 'nothing registered'}"
+                       for r in rows) or "nothing registered")
+    return 0
+
+
 def cmd_host(args, out: Out) -> int:
     from .host import main as host_main
 
-    return host_main([])
+    return host_main(args.browser_args)
 
 
 # -- parser ------------------------------------------------------------------------
@@ -353,7 +403,18 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--limit", type=int, default=20)
     c.add_argument("--offset", type=int, default=0)
     c.set_defaults(func=cmd_log)
+    browsers = ["chrome", "chromium", "brave", "edge", "firefox", "all"]
+    c = sub.add_parser("install", parents=[common], help="register the native-messaging host with browsers")
+    c.add_argument("--browser", action="append", choices=browsers,
+                   help="browser to register with (repeatable; default: every browser found)")
+    c.add_argument("--check", action="store_true", help="explain what is registered and test the launcher")
+    c.set_defaults(func=cmd_install)
+    c = sub.add_parser("uninstall", parents=[common], help="remove the host registration")
+    c.add_argument("--browser", action="append", choices=browsers)
+    c.set_defaults(func=cmd_uninstall)
     c = sub.add_parser("host", help="run as the browser's native-messaging host (stdio)")
+    # Browsers pass the caller's origin (Chrome) or the manifest path and extension id (Firefox).
+    c.add_argument("browser_args", nargs=argparse.REMAINDER)
     c.set_defaults(func=cmd_host)
     return p
 

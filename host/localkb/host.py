@@ -306,8 +306,8 @@ def default_data_dir() -> Path:
 
 def _fallback_status(data: dict, ctx: Context) -> dict:
     return {
-        "version": __version__,
-        "protocol": PROTOCOL_VERSION,
+        "host_version": __version__,
+        "protocol_version": PROTOCOL_VERSION,
         "ready": False,
         "problem": "handlers unavailable; see the host log",
     }

