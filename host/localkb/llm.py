@@ -545,6 +545,7 @@ def _chat_body(
     stream: bool,
     max_tokens: int | None,
     temperature: float | None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     if isinstance(messages, (str, bytes)) or not messages:
         raise InvalidInput("messages must be a non-empty list of {role, content} objects")
@@ -562,7 +563,45 @@ def _chat_body(
         body["temperature"] = temperature
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
+    if tools:
+        body["tools"] = [dict(t) for t in tools]
+        body["tool_choice"] = "auto"
     return body
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A function call the model asked for: ``arguments`` is its JSON text, unparsed and untrusted."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+def stream_chat_events(
+    endpoint: Endpoint,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    tools: Sequence[Mapping[str, Any]],
+    timeout: Timeouts = DEFAULT_TIMEOUTS,
+    cancel: threading.Event | None = None,
+    max_tokens: int | None = None,
+    temperature: float | None = 0.2,
+) -> Iterator[str | ToolCall]:
+    """Like ``stream_chat`` with ``tools`` offered: text deltas as they come, then each ``ToolCall``.
+
+    Tool calls are yielded only once the answer is complete (their arguments arrive in pieces),
+    so a stream that breaks off never produces a half-formed call.
+    """
+    body = _chat_body(
+        endpoint,
+        messages,
+        stream=True,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        tools=tools,
+    )
+    return _stream_chat(endpoint, body, timeout, cancel, with_tools=True)
 
 
 def stream_chat(
@@ -588,8 +627,13 @@ def stream_chat(
 
 
 def _stream_chat(
-    endpoint: Endpoint, body: dict[str, Any], timeout: Timeouts, cancel: threading.Event | None
-) -> Iterator[str]:
+    endpoint: Endpoint,
+    body: dict[str, Any],
+    timeout: Timeouts,
+    cancel: threading.Event | None,
+    *,
+    with_tools: bool = False,
+) -> Iterator[Any]:
     if cancel is not None and cancel.is_set():
         raise _cancelled(endpoint)
     url = _api_url(endpoint, "chat/completions")
@@ -611,9 +655,12 @@ def _stream_chat(
             content_type = response.headers.get("content-type", "").lower()
             if content_type.startswith("application/json"):
                 # Some servers ignore "stream": the whole answer comes as one JSON document.
-                yield from _json_answer(endpoint, _read_capped(response, _MAX_JSON_BODY))
+                yield from _json_answer(
+                    endpoint, _read_capped(response, _MAX_JSON_BODY), with_tools=with_tools
+                )
                 return
             complete = False
+            calls: dict[int, dict[str, str]] = {}
             for data in iter_sse_events(response.iter_bytes()):
                 if cancel is not None and cancel.is_set():
                     raise _cancelled(endpoint)
@@ -627,6 +674,8 @@ def _stream_chat(
                 content = delta.get("content") if isinstance(delta, dict) else None
                 if isinstance(content, str) and content:
                     yield content
+                if with_tools and isinstance(delta, dict):
+                    _merge_tool_deltas(calls, delta.get("tool_calls"))
                 if choice.get("finish_reason"):
                     # The answer is whole; [DONE] would only confirm it.
                     complete = True
@@ -638,21 +687,59 @@ def _stream_chat(
                     "the answer stream ended without [DONE]; the answer is incomplete",
                     "incomplete",
                 )
+            for index in sorted(calls):
+                call = calls[index]
+                if call["name"]:
+                    yield ToolCall(
+                        id=call["id"] or f"call_{index}",
+                        name=call["name"],
+                        arguments=call["arguments"],
+                    )
     except (httpx.HTTPError, httpx.InvalidURL) as err:
         if cancel is not None and cancel.is_set():
             raise _cancelled(endpoint) from err
         raise _map_transport_error(endpoint, err, timeout) from err
 
 
-def _json_answer(endpoint: Endpoint, body: bytes) -> Iterator[str]:
+def _merge_tool_deltas(calls: dict[int, dict[str, str]], deltas: Any) -> None:
+    """Join the pieces of streamed tool calls (OpenAI sends ``arguments`` a fragment at a time)."""
+    if not isinstance(deltas, list):
+        return
+    for position, delta in enumerate(deltas):
+        if not isinstance(delta, dict):
+            continue
+        index = delta.get("index", position)
+        if not isinstance(index, int):
+            continue
+        call = calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
+        if isinstance(delta.get("id"), str):
+            call["id"] = delta["id"]
+        function = delta.get("function")
+        if isinstance(function, dict):
+            if isinstance(function.get("name"), str):
+                call["name"] += function["name"]
+            if isinstance(function.get("arguments"), str):
+                call["arguments"] += function["arguments"]
+
+
+def _json_answer(endpoint: Endpoint, body: bytes, *, with_tools: bool = False) -> Iterator[Any]:
     obj = _parse_json(endpoint, body.decode("utf-8", errors="replace"))
     choice = _first_choice(endpoint, obj)
     message = choice.get("message") if choice else None
     content = message.get("content") if isinstance(message, dict) else None
-    if not isinstance(content, str):
+    raw_calls = message.get("tool_calls") if with_tools and isinstance(message, dict) else None
+    if not isinstance(content, str) and not (content is None and raw_calls):
         raise _unavailable(endpoint, "the answer has no message content", "malformed")
     if content:
         yield content
+    if raw_calls:
+        calls: dict[int, dict[str, str]] = {}
+        _merge_tool_deltas(calls, [{**c, "index": i} for i, c in enumerate(raw_calls)
+                                   if isinstance(c, dict)])
+        for index in sorted(calls):
+            call = calls[index]
+            if call["name"]:
+                yield ToolCall(call["id"] or f"call_{index}", call["name"], call["arguments"])
 
 
 def complete(
