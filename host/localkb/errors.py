@@ -23,6 +23,7 @@ the boundary with ``raise X(...) from err``.
     ├── LLMUnavailable              llm_unavailable
     ├── PrivacyBlocked              privacy_blocked
     ├── DecryptionFailed            decryption_failed
+    │   └── PassphraseRequired      passphrase_required
     └── Cancelled                   cancelled
 """
 
@@ -140,6 +141,12 @@ class DecryptionFailed(LocalKBError):
     """Wrong passphrase or a tampered encrypted file."""
 
     code = "decryption_failed"
+
+
+class PassphraseRequired(DecryptionFailed):
+    """An encrypted file arrived without a passphrase; nothing was read or written."""
+
+    code = "passphrase_required"
 
 
 class Cancelled(LocalKBError):
