@@ -230,6 +230,7 @@ class KnowledgeBase:
         with self._lock:
             if self._fresh(gen):
                 return self._vectors, self._keywords
+            self._check_model()
             self.close()
             try:
                 self._vectors = VectorIndex.load(self.vector_path, self.record.model, self.record.dim)
@@ -242,12 +243,21 @@ class KnowledgeBase:
                 self._repair()
             return self._vectors, self._keywords
 
+    def _check_model(self) -> None:
+        """Refuse to go on with a model the catalogue no longer names (a re-embed switched it)."""
+        now = self.catalog.kb(self.id)
+        if now is not None and (now.model, now.dim) != (self.record.model, self.record.dim):
+            raise ModelMismatch(
+                f"knowledge base {self.record.name!r} switched from {self.record.model} to {now.model} "
+                "while this was under way; open it again and retry")
+
     def _fresh(self, gen: int) -> bool:
         return (self._vectors is not None and self._keywords is not None
                 and self._vectors.generation == gen and self._keywords.generation == gen)
 
     def _repair(self) -> dict:
         """Catch the indexes up from the change log, or rebuild them; call under the store lock."""
+        self._check_model()
         self.close()
         gen = self.catalog.generation(self.id)
         pruned = self._pruned_through()
