@@ -134,8 +134,12 @@ function renderModel() {
   const name = $("model-name");
   const where = $("model-where");
   if (!model) {
-    name.textContent = modelLine(null);
-    where.hidden = true;
+    // The whole sentence does not fit the header of a narrow panel; it stays as the tooltip.
+    name.textContent = "No language model";
+    name.title = modelLine(null);
+    where.hidden = false;
+    where.textContent = "quotes passages";
+    where.className = "pill muted";
   } else {
     name.textContent = model.name;
     name.title = modelLine({ name: model.name, location: /** @type {any} */ (model.location) });

@@ -309,6 +309,21 @@ def _needs_chat():
         pytest.fail("the host has no `chat` message yet (host/localkb/chat.py is being written)")
 
 
+def test_panel_lists_kbs_with_privacy_and_the_save_reports(browser, saved):
+    panel = _open_panel(browser)
+    options = panel.locator("#kb-list .kb-option")
+    options.first.wait_for()
+    by_name = {o.locator(".name").inner_text(): o.locator(".pill").inner_text() for o in options.all()}
+    assert by_name == {"Docs": "cloud OK", "Private": "device only"}
+    assert panel.locator("#model-name").inner_text() == "No language model"
+    assert panel.locator("#model-where").inner_text() == "quotes passages"
+    lines = panel.locator("#jobs .job .line").all_inner_texts()
+    assert f"Docs: {saved['page_job']['text']}" in lines, lines
+    assert f"Private: {saved['private_job']['text']}" in lines, lines
+    _shot(panel, "sidepanel-start.png")
+    panel.close()
+
+
 def test_extractive_answer_cites_the_saved_passage(browser, saved, pages):
     _needs_chat()
     panel = _open_panel(browser)
