@@ -274,6 +274,64 @@ def h_config_set(data: dict, ctx) -> dict:
     return cfg.public_dict()
 
 
+# -- chat --------------------------------------------------------------------------
+_chat_state: dict[str, Any] = {}
+
+
+def _chat_shared():
+    """The process-wide answer cache and pending confirmations (created on first chat)."""
+    with _store_lock:
+        if not _chat_state:
+            from .chat import AnswerCache, Confirmations
+
+            _chat_state.update(cache=AnswerCache(), confirmations=Confirmations())
+        return _chat_state["cache"], _chat_state["confirmations"]
+
+
+def h_chat(data: dict, ctx) -> dict:
+    """One grounded chat turn: ``step`` and ``token`` events (``confirm`` for a write), then the answer."""
+    from .chat import ChatOptions, parse_history, run_turn
+    from .llm import load_config
+
+    store = get_store()
+    kbs = req_kbs(data)
+    message = req_str(data, "message", max_len=8000)
+    history = parse_history(data.get("history"))
+    name = req_str(data, "endpoint", required=False, max_len=100)
+    extractive = req_bool(data, "extractive")
+    config = load_config(store.root)
+    endpoint = None if extractive else (config.get(name) if name else config.default)
+    options = ChatOptions(k=req_int(data, "k", 8, lo=1, hi=50),
+                          use_weaker_matches=req_bool(data, "use_weaker_matches"),
+                          strict=req_bool(data, "strict"), kind="chat")
+    cache, confirmations = _chat_shared()
+
+    def confirm(request: dict) -> bool:
+        # Registered before the event goes out, so an instant chat.confirm is never lost.
+        confirmations.open(ctx.id, request["call_id"])
+        ctx.emit("confirm", request)
+        return confirmations.wait(ctx.id, request["call_id"], ctx.cancelled)
+
+    result = run_turn(store, kbs, message, history=history, endpoint=endpoint, options=options,
+                      cache=cache, on_step=lambda s: ctx.emit("step", s),
+                      on_token=lambda t: ctx.emit("token", {"text": t}), confirm=confirm,
+                      cancel=ctx.cancelled)
+    return result.to_dict()
+
+
+def h_chat_confirm(data: dict, ctx) -> dict:
+    """The user's answer to a ``confirm`` event of the running ``chat`` request ``target``."""
+    target = data.get("target")
+    if isinstance(target, bool) or not isinstance(target, str | int):
+        raise InvalidInput("'target' must be the id of the chat request", detail={"field": "target"})
+    call_id = req_str(data, "call_id", max_len=200)
+    approve = data.get("approve")
+    if not isinstance(approve, bool):
+        raise InvalidInput("'approve' must be true or false", detail={"field": "approve"})
+    _, confirmations = _chat_shared()
+    return {"delivered": confirmations.answer(target, call_id, approve)}
+
+
 Handler = Callable[[dict, Any], dict]
 
 HANDLERS: dict[str, Handler] = {
@@ -289,4 +347,6 @@ HANDLERS: dict[str, Handler] = {
     "errors.list": h_errors_list,
     "config.get": h_config_get,
     "config.set": h_config_set,
+    "chat": h_chat,
+    "chat.confirm": h_chat_confirm,
 }
