@@ -332,6 +332,109 @@ def h_chat_confirm(data: dict, ctx) -> dict:
     return {"delivered": confirmations.answer(target, call_id, approve)}
 
 
+# -- portable knowledge bases and re-embedding ----------------------------------------
+MAX_UPLOAD_PART = 32 * 1024 * 1024  # decoded bytes per kb.import part; frames are capped at 64 MiB
+_uploads = None
+
+
+def _get_uploads():
+    """The process-wide upload area (temporary files in the data dir, dropped at exit)."""
+    global _uploads  # noqa: PLW0603 - one upload area per host process
+    with _store_lock:
+        if _uploads is None:
+            from .portable import Uploads
+
+            _uploads = Uploads(Settings.from_env().data_dir)
+        return _uploads
+
+
+def h_kb_export(data: dict, ctx) -> dict:
+    """Export a knowledge base as .awkb, encrypted when ``passphrase`` is given.
+
+    Streams ``progress`` events ({stage: "export", done, total}). The result is
+    {filename, bytes, sha256, encrypted, model, sources, chunks, data_base64}: the
+    whole file as base64. A result of 1 MiB or more travels as numbered ``part``
+    events followed by {"parts": n} (see protocol.py); the caller joins the parts'
+    text in index order, parses it as JSON to get this result, base64-decodes
+    ``data_base64`` and checks its length and sha256 against ``bytes`` and ``sha256``.
+    """
+    import re
+    import tempfile
+    from pathlib import Path
+
+    from .portable import SUFFIX, export_to_file
+
+    store = get_store()
+    kb = store.open_kb(req_str(data, "kb", max_len=200))
+    passphrase = req_str(data, "passphrase", required=False, max_len=1024)
+    filename = (re.sub(r"[^\w.-]+", "-", kb.record.name).strip("-.") or "knowledge-base") + SUFFIX
+    with tempfile.TemporaryDirectory(dir=store.root, prefix=".export-") as tmp:
+        path = Path(tmp) / filename
+        report = export_to_file(kb, path, passphrase=passphrase,
+                                progress=lambda ev: ctx.emit("progress", ev),
+                                check_cancelled=ctx.check_cancelled)
+        raw = path.read_bytes()
+    return {"filename": filename, "bytes": report.bytes, "sha256": report.sha256,
+            "encrypted": report.encrypted, "model": report.model, "sources": report.sources,
+            "chunks": report.chunks, "data_base64": base64.b64encode(raw).decode("ascii")}
+
+
+def h_kb_import(data: dict, ctx) -> dict:
+    """Import an .awkb file sent in parts, as a new knowledge base.
+
+    {action: "begin"} -> {upload, max_bytes}; {action: "part", upload, index (0, 1, ...),
+    data_base64} -> {upload, parts, bytes}; {action: "commit", upload, name?, passphrase?}
+    -> {knowledge_base, sources, chunks, model, name_in_file}; {action: "abort", upload}
+    -> {aborted}. A commit drops the upload, except when it fails with
+    ``passphrase_required`` or ``decryption_failed``: then the same upload may be
+    committed again with a passphrase (or aborted). Uploads also go when the host exits.
+    """
+    from .errors import DecryptionFailed
+    from .portable import import_kb
+
+    uploads = _get_uploads()
+    action = req_str(data, "action", max_len=20)
+    if action == "begin":
+        return {"upload": uploads.begin(), "max_bytes": uploads.max_bytes}
+    upload = req_str(data, "upload", max_len=100)
+    if action == "part":
+        raw = b64_bytes(data, "data_base64", max_bytes=MAX_UPLOAD_PART)
+        if raw is None:
+            raise InvalidInput("'data_base64' is required", detail={"field": "data_base64"})
+        return uploads.part(upload, req_int(data, "index", 0, lo=0, hi=10**7), raw)
+    if action == "abort":
+        return {"aborted": uploads.drop(upload)}
+    if action != "commit":
+        raise InvalidInput("'action' must be begin, part, commit or abort", detail={"field": "action"})
+    path = uploads.take(upload)
+    keep = False
+    try:
+        report = import_kb(get_store(), path, name=req_str(data, "name", required=False, max_len=80),
+                           passphrase=req_str(data, "passphrase", required=False, max_len=1024),
+                           progress=lambda ev: ctx.emit("progress", ev),
+                           check_cancelled=ctx.check_cancelled)
+    except DecryptionFailed:
+        keep = True
+        raise
+    finally:
+        if not keep:
+            uploads.drop(upload)
+    return report.to_dict()
+
+
+def h_kb_reembed(data: dict, ctx) -> dict:
+    """Move a knowledge base to another embedding model; streams ``progress`` events.
+
+    Stages: embed (batches, writers not blocked), catch-up (what changed meanwhile),
+    switch (one transaction), index (the new model's vector index is built).
+    """
+    from .reembed import reembed
+
+    report = reembed(get_store(), req_str(data, "kb", max_len=200), req_str(data, "model", max_len=100),
+                     progress=lambda ev: ctx.emit("progress", ev), check_cancelled=ctx.check_cancelled)
+    return report.to_dict()
+
+
 Handler = Callable[[dict, Any], dict]
 
 HANDLERS: dict[str, Handler] = {
@@ -349,4 +452,7 @@ HANDLERS: dict[str, Handler] = {
     "config.set": h_config_set,
     "chat": h_chat,
     "chat.confirm": h_chat_confirm,
+    "kb.export": h_kb_export,
+    "kb.import": h_kb_import,
+    "kb.reembed": h_kb_reembed,
 }
