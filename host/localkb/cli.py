@@ -12,7 +12,8 @@ from .config import Settings
 from .errors import LocalKBError
 
 EXIT_CODES = {"invalid_input": 2, "kb_not_found": 3, "source_not_found": 3, "not_found": 3,
-              "embedding_unavailable": 4, "nothing_written": 5, "cancelled": 130}
+              "embedding_unavailable": 4, "nothing_written": 5, "cancelled": 130,
+              "invalid_archive": 2, "decryption_failed": 8, "passphrase_required": 8}
 
 
 class Out:
@@ -330,6 +331,92 @@ def cmd_host(args, out: Out) -> int:
     return host_main(args.browser_args)
 
 
+# -- portable knowledge bases ------------------------------------------------------
+def _passphrase(*, confirm: bool) -> str:
+    """LOCALKB_PASSPHRASE for scripts, else a prompt (twice when encrypting)."""
+    import getpass
+    import os
+
+    from .errors import PassphraseRequired
+
+    env = os.environ.get("LOCALKB_PASSPHRASE")
+    if env:
+        return env
+    if not sys.stdin.isatty():
+        raise PassphraseRequired("a passphrase is required: set LOCALKB_PASSPHRASE or run in a terminal")
+    first = getpass.getpass("passphrase: ")
+    if confirm and getpass.getpass("passphrase again: ") != first:
+        raise PassphraseRequired("the two passphrases differ")
+    if not first:
+        raise PassphraseRequired("the passphrase is empty")
+    return first
+
+
+def _stage_bar(out: Out):
+    """A progress callback drawing a tqdm bar on a terminal (nothing otherwise), and its closer."""
+    if out.json or not sys.stderr.isatty():
+        return None, lambda: None
+    from tqdm import tqdm
+
+    bar = tqdm(total=0, unit="chunk", file=sys.stderr, leave=False)
+
+    def progress(ev: dict) -> None:
+        bar.total, bar.n = ev.get("total", 0), ev.get("done", 0)
+        bar.set_description(str(ev.get("stage", "")))
+        bar.refresh()
+
+    return progress, bar.close
+
+
+def cmd_export(args, out: Out) -> int:
+    from .portable import export_to_file
+
+    kb = _store(args).open_kb(args.kb)
+    passphrase = _passphrase(confirm=True) if args.encrypt else None
+    progress, done = _stage_bar(out)
+    try:
+        report = export_to_file(kb, args.output, passphrase=passphrase, progress=progress)
+    finally:
+        done()
+    out.emit(report.to_dict(), f"exported {report.name}: {report.sources} sources, {report.chunks} chunks, "
+             f"{report.bytes:,} bytes{' (encrypted)' if report.encrypted else ''} -> {report.path}")
+    return 0
+
+
+def cmd_import(args, out: Out) -> int:
+    from .errors import InvalidInput
+    from .portable import import_kb, is_encrypted
+
+    store = _store(args)
+    try:
+        encrypted = is_encrypted(args.file)
+    except OSError as err:
+        raise InvalidInput(f"cannot read {args.file}: {err.strerror}") from err
+    passphrase = _passphrase(confirm=False) if encrypted else None
+    progress, done = _stage_bar(out)
+    try:
+        report = import_kb(store, args.file, name=args.name, passphrase=passphrase, progress=progress)
+    finally:
+        done()
+    kb = report.knowledge_base
+    out.emit(report.to_dict(), f"imported {kb['name']} ({kb['id']}, {kb['model']}): "
+             f"{report.sources} sources, {report.chunks} chunks")
+    return 0
+
+
+def cmd_kb_reembed(args, out: Out) -> int:
+    from .reembed import reembed
+
+    progress, done = _stage_bar(out)
+    try:
+        report = reembed(_store(args), args.kb, args.model, batch_size=args.batch_size,
+                         progress=progress)
+    finally:
+        done()
+    out.emit(report.to_dict(), report.summary)
+    return 0
+
+
 # -- parser ------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="localkb", description="Personal knowledge bases on your machine.")
@@ -356,6 +443,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("kb")
     c.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     c.set_defaults(func=cmd_kb_delete)
+    c = kbs.add_parser("reembed", parents=[common], help="move a knowledge base to another embedding model")
+    c.add_argument("kb")
+    c.add_argument("--model", required=True, help="target model id (all-MiniLM-L6-v2, hashing-256)")
+    c.add_argument("--batch-size", type=int, default=64, help="passages per embedding batch")
+    c.set_defaults(func=cmd_kb_reembed)
 
     c = sub.add_parser("add", parents=[common], help="add files, folders or URLs to a knowledge base")
     c.add_argument("kb")
@@ -412,6 +504,17 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("uninstall", parents=[common], help="remove the host registration")
     c.add_argument("--browser", action="append", choices=browsers)
     c.set_defaults(func=cmd_uninstall)
+    c = sub.add_parser("export", parents=[common], help="export a knowledge base as an .awkb file")
+    c.add_argument("kb")
+    c.add_argument("-o", "--output", required=True, metavar="FILE")
+    c.add_argument("--encrypt", action="store_true",
+                   help="encrypt with a passphrase (prompted, or LOCALKB_PASSPHRASE)")
+    c.set_defaults(func=cmd_export)
+    c = sub.add_parser("import", parents=[common], help="import an .awkb file as a new knowledge base")
+    c.add_argument("file")
+    c.add_argument("--name", help="name of the new knowledge base (default: the one in the file, "
+                   "made unique)")
+    c.set_defaults(func=cmd_import)
     c = sub.add_parser("host", help="run as the browser's native-messaging host (stdio)")
     # Browsers pass the caller's origin (Chrome) or the manifest path and extension id (Firefox).
     c.add_argument("browser_args", nargs=argparse.REMAINDER)
