@@ -11,7 +11,8 @@ from . import __version__
 from .config import Settings
 from .errors import LocalKBError
 
-EXIT_CODES = {"invalid_input": 2, "kb_not_found": 3, "source_not_found": 3, "not_found": 3,
+EXIT_CODES = {"privacy_blocked": 6, "llm_unavailable": 7,
+              "invalid_input": 2, "kb_not_found": 3, "source_not_found": 3, "not_found": 3,
               "embedding_unavailable": 4, "nothing_written": 5, "cancelled": 130,
               "invalid_archive": 2, "decryption_failed": 8, "passphrase_required": 8}
 
@@ -325,6 +326,146 @@ def cmd_uninstall(args, out: Out) -> int:
     return 0
 
 
+# -- chat --------------------------------------------------------------------------
+def _chat_endpoint(args, store):
+    from .llm import load_config
+
+    if args.extractive:
+        return None
+    config = load_config(store.root)
+    return config.get(args.endpoint) if args.endpoint else config.default
+
+
+def _chat_turn(args, out: Out, store, message: str, history: list, *, cache, kind: str):
+    """Run one turn, streaming step lines and tokens to the terminal; returns the ChatResult."""
+    from .chat import ChatOptions, run_turn
+
+    streamed: list[str] = []
+
+    def on_step(status: dict) -> None:
+        if not out.json:
+            print(status["line"], flush=True)
+
+    def on_token(text: str) -> None:
+        if not out.json:
+            if not streamed:
+                print(flush=True)
+            print(text, end="", flush=True)
+            streamed.append(text)
+
+    def confirm(request: dict) -> bool:
+        if out.json:
+            return False  # no one to ask: a model-driven write is never made unconfirmed
+        preview = request["text"][:600] + ("…" if request["chars"] > 600 else "")
+        print(f"\n\nThe model asks to save “{request['title']}” ({request['chars']:,} characters) "
+              f"to {request['kb_name']}:\n{preview}\nSave it? (y/N) ", end="", flush=True)
+        return sys.stdin.readline().strip().lower() in {"y", "yes"}
+
+    options = ChatOptions(use_weaker_matches=args.weaker, strict=args.strict, kind=kind)
+    result = run_turn(store, args.kb, message, history=history,
+                      endpoint=_chat_endpoint(args, store), options=options, cache=cache,
+                      on_step=on_step, on_token=on_token, confirm=confirm)
+    if out.json:
+        return result
+    if streamed:
+        print()
+        if result.removed_citations:
+            print(f"\nchecked answer:\n{result.answer}")
+    else:
+        print(f"\n{result.answer}")
+    for note in result.notes:
+        print(f"note: {note}")
+    if result.rewritten_query:
+        print(f"(searched as: {result.rewritten_query})")
+    if result.cached:
+        print(f"(from the {result.cached} answer cache)")
+    for c in result.citations:
+        page = f", page {c['page']}" if c["page"] else ""
+        weaker = ", weaker match" if c["weaker"] else ""
+        print(f"[{c['n']}] {c['title']} ({c['kb_name']}, chunk {c['chunk_index'] + 1}/"
+              f"{c['chunk_count']}{page}{weaker}) score {c['score']:.3f}")
+        if c["url"] or c["file_name"]:
+            print(f"    {c['url'] or c['file_name']}")
+    return result
+
+
+def cmd_ask(args, out: Out) -> int:
+    store = _store(args)
+    result = _chat_turn(args, out, store, args.question, [], cache=None, kind="ask")
+    if out.json:
+        out.emit(result.to_dict(), "")
+    return 4 if any(s["status"] == "unavailable" for s in result.statuses) else 0
+
+
+def cmd_chat(args, out: Out) -> int:
+    from .chat import AnswerCache, Turn
+
+    store = _store(args)
+    cache = AnswerCache()
+    history: list[Turn] = []
+    interactive = sys.stdin.isatty() and not out.json
+    if interactive:
+        print("Ask away; an empty line or Ctrl-D ends the chat.")
+    while True:
+        if interactive:
+            print("\n> ", end="", flush=True)
+        line = sys.stdin.readline()
+        if not line or not line.strip():
+            return 0
+        message = line.strip()
+        result = _chat_turn(args, out, store, message, history, cache=cache, kind="chat")
+        if out.json:
+            print(json.dumps(result.to_dict(), ensure_ascii=False, default=str), flush=True)
+        history += [Turn("user", message), Turn("assistant", result.answer, tuple(result.kbs))]
+        history = history[-20:]
+
+
+def cmd_config_endpoint(args, out: Out) -> int:
+    from .llm import Endpoint, LLMConfig, load_config, save_config
+
+    root = Settings.from_env().data_dir
+    config = load_config(root)
+    endpoints = list(config.endpoints)
+    default = config.default_endpoint
+    if args.action == "add":
+        key = sys.stdin.readline().strip() if args.api_key_stdin else None
+        old = next((e for e in endpoints if e.name == args.name), None)
+        endpoint = Endpoint.from_dict({
+            "name": args.name, "base_url": args.base_url, "model": args.model,
+            "api_key_env": args.api_key_env, "mark_cloud": args.mark_cloud,
+            "api_key": key if key else (old.api_key if old else None)})
+        endpoints = [e for e in endpoints if e.name != args.name] + [endpoint]
+        if args.default or default is None:
+            default = endpoint.name
+    elif args.action == "remove":
+        config.get(args.name)  # NotFound names the configured ones
+        endpoints = [e for e in endpoints if e.name != args.name]
+        default = None if default == args.name else default
+    elif args.action == "default":
+        if args.name is not None:
+            config.get(args.name)
+        default = args.name
+    if args.action != "list":
+        config = LLMConfig(endpoints=tuple(endpoints), default_endpoint=default)
+        save_config(root, config)
+    shown = config.public_dict()
+
+    def text() -> str:
+        if not shown["endpoints"]:
+            return "no model endpoints: answers are extractive (localkb config endpoint add ...)"
+        lines = []
+        for e in shown["endpoints"]:
+            mark = "*" if e["name"] == shown["default_endpoint"] else " "
+            key = "key set" if e["api_key_set"] else "no key"
+            lines.append(f"{mark} {e['name']:16} {e['location']:6} {e['model']:24} {e['base_url']} ({key})")
+        if shown["default_endpoint"] is None:
+            lines.append("no default: answers are extractive unless --endpoint is given")
+        return "\n".join(lines)
+
+    out.emit(shown, text)
+    return 0
+
+
 def cmd_host(args, out: Out) -> int:
     from .host import main as host_main
 
@@ -504,6 +645,39 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("uninstall", parents=[common], help="remove the host registration")
     c.add_argument("--browser", action="append", choices=browsers)
     c.set_defaults(func=cmd_uninstall)
+    for name, helptext in (("ask", "answer a question from knowledge bases, with citations"),
+                           ("chat", "a conversation over knowledge bases (one message a line)")):
+        c = sub.add_parser(name, parents=[common], help=helptext)
+        c.add_argument("kb", nargs="+", help="one or more knowledge bases"
+                       + (", then the question" if name == "ask" else ""))
+        c.add_argument("--endpoint", default=None, help="model endpoint name (default: the default one)")
+        c.add_argument("--extractive", action="store_true", help="no model: quote the best passages")
+        c.add_argument("--strict", action="store_true",
+                       help="fail instead of skipping a device-only knowledge base for a cloud model")
+        c.add_argument("--weaker", action="store_true", help="include weaker matches in the answer")
+        c.set_defaults(func=cmd_ask if name == "ask" else cmd_chat)
+    cfg = sub.add_parser("config", help="model endpoints")
+    cfgs = cfg.add_subparsers(dest="config_command", required=True)
+    ep = cfgs.add_parser("endpoint", help="add, remove, list model endpoints; choose the default")
+    eps = ep.add_subparsers(dest="action", required=True)
+    c = eps.add_parser("add", parents=[common], help="add or replace an OpenAI-compatible endpoint")
+    c.add_argument("name")
+    c.add_argument("base_url", help="API root, e.g. http://127.0.0.1:11434/v1")
+    c.add_argument("model")
+    c.add_argument("--api-key-env", default=None, help="environment variable holding the API key")
+    c.add_argument("--api-key-stdin", action="store_true", help="read the API key from stdin (stored 0600)")
+    c.add_argument("--mark-cloud", action="store_true",
+                   help="a loopback proxy that forwards to a cloud model (treated as cloud)")
+    c.add_argument("--default", action="store_true", help="make it the default endpoint")
+    c.set_defaults(func=cmd_config_endpoint)
+    c = eps.add_parser("remove", parents=[common], help="remove an endpoint")
+    c.add_argument("name")
+    c.set_defaults(func=cmd_config_endpoint)
+    c = eps.add_parser("default", parents=[common], help="set the default endpoint (none: extractive)")
+    c.add_argument("name", nargs="?", default=None)
+    c.set_defaults(func=cmd_config_endpoint)
+    c = eps.add_parser("list", parents=[common], help="list endpoints and where each one runs")
+    c.set_defaults(func=cmd_config_endpoint)
     c = sub.add_parser("export", parents=[common], help="export a knowledge base as an .awkb file")
     c.add_argument("kb")
     c.add_argument("-o", "--output", required=True, metavar="FILE")
@@ -529,6 +703,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if len(args.kb) < 2:
             parser.error("search needs a knowledge base and a query")
         args.kb, args.query = args.kb[:-1], args.kb[-1]
+    if args.command == "ask":
+        if len(args.kb) < 2:
+            parser.error("ask needs a knowledge base and a question")
+        args.kb, args.question = args.kb[:-1], args.kb[-1]
     out = Out(getattr(args, "json", False))
     try:
         return args.func(args, out)
