@@ -423,7 +423,7 @@ def h_kb_import(data: dict, ctx) -> dict:
 
 
 def h_kb_reembed(data: dict, ctx) -> dict:
-    """Move a knowledge base to another embedding model; streams ``progress`` events.
+    """Move a knowledge base ({kb, model, batch_size?}) to another embedding model; streams ``progress``.
 
     Stages: embed (batches, writers not blocked), catch-up (what changed meanwhile),
     switch (one transaction), index (the new model's vector index is built).
@@ -431,6 +431,7 @@ def h_kb_reembed(data: dict, ctx) -> dict:
     from .reembed import reembed
 
     report = reembed(get_store(), req_str(data, "kb", max_len=200), req_str(data, "model", max_len=100),
+                     batch_size=req_int(data, "batch_size", 64, lo=1, hi=1024),
                      progress=lambda ev: ctx.emit("progress", ev), check_cancelled=ctx.check_cancelled)
     return report.to_dict()
 
