@@ -8,10 +8,13 @@
  * @property {string} [kb]
  * @property {string} [kb_name]
  * @property {"passages"|"weaker"|"nothing"|"empty"|"skipped"|"unavailable"} status
- * @property {number} [count]
+ * @property {number} [count] relevant passages
+ * @property {number} [weaker] matches below the cut-off
  * @property {number | null} [best]
  * @property {number | null} [cutoff]
  * @property {string} [message]
+ * @property {boolean} [degraded] keyword search only (the embedder is unavailable)
+ * @property {string} [line] the host's own wording of this line (search.status_line)
  */
 
 /**
@@ -37,7 +40,8 @@
  * @property {string} [url]
  * @property {number} [chunk_index]
  * @property {number | null} [page]
- * @property {number} [score]
+ * @property {number} [score] fused rank score, 0..1
+ * @property {number | null} [cosine] similarity to the question, what the cut-off applies to
  * @property {string} [text]
  */
 
@@ -88,18 +92,24 @@ function reason(name, message, fallback) {
  * @returns {string}
  */
 export function stepLine(status, context = {}) {
+  // The host words every line itself (the CLI prints the same words); the fallback below
+  // is for a host that sends none.
+  if (typeof status.line === "string" && status.line.trim()) return status.line.trim();
   const name = status.kb_name || status.kb || "Knowledge base";
   const count = Number.isInteger(status.count) ? /** @type {number} */ (status.count) : 0;
   switch (status.status) {
-    case "passages":
-      return `${name}${SEP}${plural(count, "passage", "passages")}`;
-    case "weaker":
-      return `${name}${SEP}${plural(count, "weaker match", "weaker matches")}`;
+    case "passages": {
+      const degraded = status.degraded ? `${SEP}keyword only, the embedder is unavailable` : "";
+      return `${name}${SEP}${plural(count, "passage", "passages")}${degraded}`;
+    }
+    case "weaker": {
+      // `count` is the relevant passages (none, for this status); `weaker` is what was found.
+      const weaker = Number.isInteger(status.weaker) ? /** @type {number} */ (status.weaker) : count;
+      return `${name}${SEP}${plural(weaker, "weaker match", "weaker matches")}`;
+    }
     case "nothing": {
-      const hasScores = typeof status.best === "number" && typeof status.cutoff === "number";
-      const detail = hasScores
-        ? ` (best ${formatScore(status.best)}, cut-off ${formatScore(status.cutoff)})`
-        : "";
+      const best = typeof status.best === "number" ? `best ${formatScore(status.best)}, ` : "";
+      const detail = typeof status.cutoff === "number" ? ` (${best}cut-off ${formatScore(status.cutoff)})` : "";
       return `${name}${SEP}nothing relevant${detail}`;
     }
     case "empty":
@@ -243,7 +253,10 @@ export function passageFacts(c) {
     facts.push({ label: "Passage", value: `#${/** @type {number} */ (c.chunk_index) + 1}` });
   }
   if (Number.isInteger(c.page)) facts.push({ label: "Page", value: String(c.page) });
-  if (typeof c.score === "number") facts.push({ label: "Score", value: formatScore(c.score) });
+  // The cosine is the number the cut-off and "Test this search" speak of; the fused score is
+  // only a rank (the best passage of every search has 1.00), so it is shown only without one.
+  if (typeof c.cosine === "number") facts.push({ label: "Similarity", value: formatScore(c.cosine) });
+  else if (typeof c.score === "number") facts.push({ label: "Score", value: formatScore(c.score) });
   return facts;
 }
 

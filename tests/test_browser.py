@@ -184,7 +184,7 @@ def fake_llm() -> Iterator[FakeLLM]:
 
     def reply(request: dict) -> str:
         prompt = "\n".join(str(m.get("content", "")) for m in request.get("messages", []))
-        n = _passage_number(prompt, "overheated")
+        n = _passage_number(prompt, f"{ERR_CODE} means the flux capacitor overheated")
         if n is None:
             return "I don't know from these documents."
         return f"{ERR_CODE} means the flux capacitor overheated; let it cool for ten minutes [{n}]."
@@ -194,12 +194,11 @@ def fake_llm() -> Iterator[FakeLLM]:
 
 
 def _passage_number(prompt: str, needle: str) -> int | None:
-    """The [n] of the fenced passage that contains ``needle`` (the last marker before it)."""
-    at = prompt.find(needle)
-    if at < 0:
-        return None
-    markers = re.findall(r"\[(\d+)\]", prompt[:at])
-    return int(markers[-1]) if markers else None
+    """The number of the fenced passage (chat.build_messages' BEGIN/END lines) containing ``needle``."""
+    for m in re.finditer(r"<<<BEGIN PASSAGE (\d+) (\w+)>>>(.*?)<<<END PASSAGE \1 \2>>>", prompt, re.S):
+        if needle in m.group(3):
+            return int(m.group(1))
+    return None
 
 
 def _shot(page, name: str) -> Path:
@@ -275,9 +274,10 @@ def _last_answer(panel):
     return panel.locator(".turn-assistant").last
 
 
-def _configure_endpoints(browser: ExtensionBrowser, fake_llm: FakeLLM) -> None:
-    """Two endpoints on the same loopback server, entered on the options page: one on-device,
-    one marked as cloud."""
+@pytest.fixture(scope="module")
+def endpoints(browser: ExtensionBrowser, fake_llm: FakeLLM) -> dict:
+    """Two endpoints on the same loopback server, entered on the options page: "local" (on the
+    device, the default) and "cloudy" (marked as cloud). Returns the host's config afterwards."""
     options = browser.open("options.html")
     options.wait_for_selector("#app:not([hidden])")
     for name, cloud in (("local", False), ("cloudy", True)):
@@ -291,8 +291,14 @@ def _configure_endpoints(browser: ExtensionBrowser, fake_llm: FakeLLM) -> None:
         else:
             row.locator('[name="default_endpoint"]').check()
     options.locator('#endpoints-form [type="submit"]').click()
-    options.wait_for_selector("#flash:has-text('Saved 2 endpoints')")
+    options.wait_for_selector("#flash:not([hidden])")
+    assert options.locator("#flash").inner_text() == "Saved 2 endpoints."
     options.close()
+    config = _host(browser, "config.get")
+    by_name = {e["name"]: e for e in config["endpoints"]}
+    assert by_name["local"]["base_url"] == fake_llm.base_url and not by_name["local"]["mark_cloud"]
+    assert by_name["cloudy"]["mark_cloud"] is True and config["default_endpoint"] == "local"
+    return config
 
 
 def _open_panel(browser: ExtensionBrowser):
@@ -345,9 +351,8 @@ def test_extractive_answer_cites_the_saved_passage(browser, saved, pages):
     panel.close()
 
 
-def test_model_answer_streams_and_cites_the_saved_passage(browser, saved, fake_llm):
+def test_model_answer_streams_and_cites_the_saved_passage(browser, saved, fake_llm, endpoints):
     _needs_chat()
-    _configure_endpoints(browser, fake_llm)
     panel = _open_panel(browser)
     panel.select_option("#endpoint", "local")
     assert panel.locator("#model-where").inner_text() == "on device"
@@ -365,10 +370,16 @@ def test_model_answer_streams_and_cites_the_saved_passage(browser, saved, fake_l
     assert "means the flux capacitor overheated" in text
     steps = answer.locator(".step .text").all_inner_texts()
     assert any(re.fullmatch(r"Docs · \d+ passages?", s) for s in steps), steps
+    # Private is searched too (an on-device model may read it); its line counts what it found.
+    assert any(s.startswith("Private · ") for s in steps), steps
+    assert not any(re.search(r"· 0 (weaker|passage)", s) for s in steps), steps
+    _shot(panel, "sidepanel-answer.png")
     answer.locator(".answer a.cite").first.click()
     assert f"{ERR_CODE} means the flux capacitor overheated" in panel.locator("#passage-text").inner_text()
+    facts = panel.locator("#passage-facts").inner_text()
+    assert re.search(r"Similarity\s+0\.\d\d", facts), facts  # the cosine, not the 1.00 of a rank
     assert len(fake_llm.requests) > before
-    _shot(panel, "sidepanel-answer.png")
+    _shot(panel, "sidepanel-passage.png")
     panel.locator("#passage-card [data-close]").click()
 
     answer.locator(".step[data-status='passages'] button:has-text('Test this search')").first.click()
@@ -382,9 +393,8 @@ def test_model_answer_streams_and_cites_the_saved_passage(browser, saved, fake_l
     panel.close()
 
 
-def test_device_only_kb_is_skipped_for_a_cloud_model_and_never_sent(browser, saved, fake_llm):
+def test_device_only_kb_is_skipped_for_a_cloud_model_and_never_sent(browser, saved, fake_llm, endpoints):
     _needs_chat()
-    _configure_endpoints(browser, fake_llm)
     panel = _open_panel(browser)
     panel.select_option("#endpoint", "cloudy")
     assert panel.locator("#model-where").inner_text() == "cloud"
@@ -393,7 +403,7 @@ def test_device_only_kb_is_skipped_for_a_cloud_model_and_never_sent(browser, sav
     answer = _last_answer(panel)
     answer.locator(".answer-meta").wait_for()
     skipped = answer.locator(".step[data-status='skipped'] .text").all_inner_texts()
-    assert skipped and skipped[0].startswith("Private · skipped"), skipped
+    assert skipped == ["Private · skipped · device only, cloudy is a cloud model"], skipped
     assert any(re.fullmatch(r"Docs · \d+ passages?", s)
                for s in answer.locator(".step .text").all_inner_texts())
     sent = json.dumps(fake_llm.requests[before:])
@@ -405,7 +415,7 @@ def test_device_only_kb_is_skipped_for_a_cloud_model_and_never_sent(browser, sav
 # ---------------------------------------------------------------- 3. export and import
 
 
-def test_exported_file_imports_as_a_new_kb_with_the_same_answer(browser, saved, tmp_module):
+def test_exported_file_imports_as_a_new_kb_with_the_same_answer(browser, saved, tmp_module, endpoints):
     from localkb.handlers import HANDLERS
 
     if "kb.export" not in HANDLERS or "kb.import" not in HANDLERS:

@@ -18,6 +18,17 @@ import {
   stepLine,
 } from "../render.js";
 
+test("step lines take the host's own wording when it sends one", () => {
+  const line = "Docs · 2 passages · keyword only, the embedder is unavailable";
+  assert.equal(stepLine({ kb_name: "Docs", status: "passages", count: 2, degraded: true, line }), line);
+  assert.equal(stepLine({ kb_name: "Docs", status: "passages", count: 2, degraded: true }), line);
+});
+
+test("a weaker status counts its weaker matches, not its (zero) relevant passages", () => {
+  // The host's KBStatus for "weaker": count = relevant passages (0), weaker = matches found.
+  assert.equal(stepLine({ kb_name: "Private", status: "weaker", count: 0, weaker: 2 }), "Private · 2 weaker matches");
+});
+
 test("step lines read exactly as the product specifies", () => {
   const kb = { kb: "k1", kb_name: "Docs" };
   assert.equal(stepLine({ ...kb, status: "passages", count: 3 }), "Docs · 3 passages");
@@ -50,8 +61,9 @@ test("the host's own explanation is used, and a full line is not doubled", () =>
   );
 });
 
-test("nothing relevant without scores leaves out the parenthesis", () => {
-  assert.equal(stepLine({ kb_name: "Docs", status: "nothing", best: null, cutoff: 0.35 }), "Docs · nothing relevant");
+test("nothing relevant without a best score still names the cut-off, as the host does", () => {
+  assert.equal(stepLine({ kb_name: "Docs", status: "nothing", best: null, cutoff: 0.35 }), "Docs · nothing relevant (cut-off 0.35)");
+  assert.equal(stepLine({ kb_name: "Docs", status: "nothing", best: null, cutoff: null }), "Docs · nothing relevant");
 });
 
 test("actions appear only where they can change something", () => {
@@ -102,6 +114,12 @@ test("adjacent citations and an answer with none", () => {
   assert.deepEqual(pieces.map((p) => p.type), ["text", "cite", "cite"]);
   assert.deepEqual(splitCitations("plain", []), [{ type: "text", text: "plain" }]);
   assert.deepEqual(splitCitations("", []), []);
+});
+
+test("passage facts show the similarity the cut-off applies to, not the rank score", () => {
+  const facts = passageFacts({ n: 1, kb_name: "Docs", title: "Manual", chunk_index: 0, score: 1, cosine: 0.534 });
+  assert.deepEqual(facts.at(-1), { label: "Similarity", value: "0.53" });
+  assert.equal(facts.filter((f) => f.label === "Score").length, 0);
 });
 
 test("passage facts list the knowledge base, source, passage, page and score", () => {
