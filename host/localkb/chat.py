@@ -794,7 +794,9 @@ def run_turn(
         # The write targets pass the same gate: a device knowledge base is never even named
         # to a cloud model.
         targets = list(allowed_knowledge_bases(endpoint, store.kbs()).allowed)  # type: ignore[arg-type]
-    if endpoint is not None and passages:
+    # No passages, no model call (nothing to ground an answer in), unless the user asked to
+    # save something: that needs the model whatever the search found.
+    if endpoint is not None and (passages or (tools_offered and targets)):
         messages = build_messages(
             message, passages, unavailable=[s.kb_name for s in unavailable],
             history=gated_history(store, endpoint, list(history)[-HISTORY_TURNS:]),
@@ -802,13 +804,11 @@ def run_turn(
         t0 = time.perf_counter()
         calls: list[ToolCall] = []
         try:
-            if tools_offered and targets:
-                stream = stream_chat_events(endpoint, messages, tools=[_tool_spec(targets)],
-                                            timeout=options.timeouts, cancel=cancel,
-                                            max_tokens=options.max_tokens)
-            else:
-                stream = stream_chat(endpoint, messages, timeout=options.timeouts, cancel=cancel,
-                                     max_tokens=options.max_tokens)
+            # Tool calls are read even when no tool was offered, so that a call the model
+            # makes anyway (prompted by a passage) is reported as refused, never lost silently.
+            tools = [_tool_spec(targets)] if tools_offered and targets else []
+            stream = stream_chat_events(endpoint, messages, tools=tools, timeout=options.timeouts,
+                                        cancel=cancel, max_tokens=options.max_tokens)
             for piece in stream:
                 if isinstance(piece, ToolCall):
                     calls.append(piece)
@@ -825,7 +825,7 @@ def run_turn(
             answer, cited = extractive_answer(passages, f"the model {endpoint.name} failed")
         generate_ms = _ms(t0)
         for call in calls:
-            outcome = _run_tool(store, call, offered=tools_offered, targets=targets,
+            outcome = _run_tool(store, call, offered=tools_offered and bool(targets), targets=targets,
                                 confirm=confirm, cancel=cancel)
             tool_calls.append(outcome)
             if outcome["status"] == "written":
