@@ -16,10 +16,12 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from .errors import StoreError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 SCHEMA_VERSION = 1
 
@@ -112,11 +114,17 @@ def source_id(kb_id: str, key: str) -> str:
     return "s" + hashlib.sha256(f"{kb_id}\x1f{key}".encode()).hexdigest()[:23]
 
 
+# numpy is imported inside these helpers so that opening the catalogue (the host's
+# cold-start ``status``) does not pay for it.
 def vector_blob(vec: np.ndarray) -> bytes:
+    import numpy as np
+
     return np.ascontiguousarray(vec, dtype="<f4").tobytes()
 
 
 def blob_vector(blob: bytes) -> np.ndarray:
+    import numpy as np
+
     return np.frombuffer(blob, dtype="<f4")
 
 
@@ -124,6 +132,8 @@ def valid_vector(blob: bytes, dim: int) -> bool:
     """A real row: the knowledge base's dimension, finite values, non-zero norm."""
     if len(blob) != dim * 4:
         return False
+    import numpy as np
+
     v = blob_vector(blob)
     return bool(np.isfinite(v).all()) and float(np.dot(v, v)) > 1e-12
 

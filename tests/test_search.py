@@ -1,0 +1,205 @@
+"""Hybrid retrieval that tells the truth, on the real model and real indexes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from localkb.errors import EmbeddingUnavailable, IndexUnavailable, KnowledgeBaseNotFound
+from localkb.evaluate import run_eval
+from localkb.extract import extract_text
+from localkb.hybrid import rrf
+from localkb.ingest import add_document, ingest_documents
+from localkb.keywords import KeywordIndex, query_terms
+from localkb.search import Searcher, fetch_k, status_line
+
+from conftest import REPO, run_cli
+
+CODES = REPO / "evals" / "codes"
+
+PAGES = {
+    "err4521": ("ERR_4521 disk full", "ERR_4521 is raised when the local disk is full. Free space, then retry."),
+    "err4512": ("ERR_4512 network", "ERR_4512 is raised when the server cannot be reached. Check the proxy."),
+    "v23": ("Release v2.3", "Version v2.3 added offline mode for documents opened recently."),
+    "v32": ("Release v3.2", "Version v3.2 removed the legacy sync API."),
+    "sku": ("SKU-88-A widget", "The SKU-88-A blue widget has a two-year warranty."),
+    "mail": ("Mail relay", "Outgoing e-mail goes through the relay on port 587."),
+}
+
+
+@pytest.fixture
+def docs_kb(kb):
+    for key, (title, text) in PAGES.items():
+        add_document(kb, extract_text(text, title=title), key=f"page:{key}")
+    return kb
+
+
+def search(store, query, **kw):
+    return Searcher(store).search(kw.pop("kbs", ["Docs"]), query, **kw)
+
+
+def test_query_terms_keep_code_like_terms_whole_and_drop_stopwords():
+    terms = query_terms("What does ERR_4521 mean for v2.3, the e-mail and SKU-88-A? le la der die")
+    assert "err_4521" in terms and "v2.3" in terms and "e-mail" in terms and "sku-88-a" in terms
+    assert not {"what", "the", "le", "la", "der", "die", "err", "4521", "mail", "sku"} & set(terms)
+    assert len(query_terms(" ".join(f"word{i}" for i in range(30)))) == 12
+    assert query_terms("«ERR_4521»!") == ["err_4521"]
+
+
+def test_exact_code_never_matches_its_near_twin(store, docs_kb):
+    res = search(store, "ERR_4521")
+    assert res.hits[0].title == "ERR_4521 disk full"
+    twin = [h for h in res.hits + res.weaker if h.title == "ERR_4512 network"]
+    assert all(h.bm25 is None for h in twin)  # the keyword side never matched it
+    res = search(store, "v3.2", mode="keyword")
+    assert [h.title for h in res.hits] == ["Release v3.2"]
+
+
+def test_a_code_part_still_finds_the_compound():
+    from localkb.keywords import index_terms
+
+    assert index_terms("e-mail")[0] == "e-mail" and "mail" in index_terms("e-mail")
+    assert index_terms("ERR_4521")[:1] == ["err_4521"]
+
+
+def test_status_passages_with_numbers(store, docs_kb):
+    res = search(store, "which release removed the legacy sync API?")
+    st = res.statuses[0]
+    assert st.status == "passages" and st.count == len(res.hits) >= 1
+    assert res.hits[0].title == "Release v3.2"
+    assert status_line(st) == f"Docs · {st.count} passage{'s' if st.count > 1 else ''}"
+    h = res.hits[0]
+    assert h.kb == docs_kb.id and h.kb_name == "Docs" and h.chunk_index == 0 and h.chunk_count == 1
+    assert h.cosine is not None and 0 < h.score <= 1 and h.lists
+
+
+def test_status_nothing_reports_best_against_cutoff(store, docs_kb):
+    res = search(store, "chocolate cake recipe with strawberries")
+    st = res.statuses[0]
+    assert st.status == "nothing" and res.hits == []
+    assert st.best is not None and st.best < st.cutoff == 0.35
+    assert status_line(st) == f"Docs · nothing relevant (best {st.best:.2f}, cut-off 0.35)"
+
+
+def test_status_weaker_keeps_matches_aside(store, docs_kb):
+    probe = search(store, "offline reading of documents", mode="vector")
+    best = probe.statuses[0].best
+    res = search(store, "offline reading of documents", cutoff=best + 0.02, mode="vector")
+    st = res.statuses[0]
+    assert st.status == "weaker" and st.weaker >= 1 and res.hits == []
+    assert res.weaker and all(not h.relevant for h in res.weaker)
+    assert status_line(st) == f"Docs · {st.weaker} weaker match{'es' if st.weaker > 1 else ''}"
+
+
+def test_status_empty(store, kb):
+    res = search(store, "anything")
+    assert [s.status for s in res.statuses] == ["empty"]
+
+
+def test_embedder_failure_degrades_to_keyword_hits_and_is_logged(store, docs_kb, monkeypatch):
+    def broken(*_a, **_k):
+        raise EmbeddingUnavailable("the embedding model file is missing")
+
+    monkeypatch.setattr(docs_kb.embedder, "embed", broken)
+    res = search(store, "SKU-88-A warranty")
+    st = res.statuses[0]
+    assert st.status == "passages" and st.degraded
+    assert "embedder is unavailable" in st.message and "did not run" in st.message
+    assert res.hits[0].title == "SKU-88-A widget" and res.hits[0].degraded
+    vec = search(store, "SKU-88-A warranty", mode="vector").statuses[0]
+    assert vec.status == "unavailable" and "says nothing about what is stored" in vec.message
+    assert status_line(vec) == "Docs · unavailable · the search could not run"
+    logged, _ = store.catalog.errors(source="rag-retrieval")
+    assert logged and logged[0]["code"] == "embedding_unavailable"
+
+
+def test_unavailable_is_never_empty_or_nothing(store, docs_kb, monkeypatch):
+    def broken_embed(*_a, **_k):
+        raise EmbeddingUnavailable("onnxruntime failed")
+
+    def broken_keywords(*_a, **_k):
+        raise IndexUnavailable("keyword index could not be read")
+
+    monkeypatch.setattr(docs_kb.embedder, "embed", broken_embed)
+    monkeypatch.setattr(KeywordIndex, "search", broken_keywords)
+    res = search(store, "anything at all")
+    assert [s.status for s in res.statuses] == ["unavailable"]
+    assert res.statuses[0].error["code"] in {"embedding_unavailable", "index_unavailable"}
+    assert res.hits == [] and res.weaker == []
+
+
+def test_unknown_knowledge_base_is_an_error_not_a_status(store, kb):
+    with pytest.raises(KnowledgeBaseNotFound):
+        search(store, "x", kbs=["Nope"])
+
+
+def test_fetch_k_and_rrf():
+    assert [fetch_k(k) for k in (1, 5, 8, 50, 60)] == [20, 20, 32, 200, 200]
+    fused = rrf({"vector": ["a", "b", "c"], "keyword": ["b", "a"]}, 60)
+    assert fused["a"] == fused["b"] == pytest.approx((1 / 61 + 1 / 62) / (2 / 61))
+    assert fused["c"] == pytest.approx((1 / 63) / (2 / 61))
+    assert rrf({"vector": ["x"]})["x"] == 1.0
+
+
+def _bulk(kb, n: int, topic: str):
+    def item(i):
+        text = (f"{topic} note {i}: the {topic} team reviewed item {i} on floor {i % 9} "
+                f"and filed report {i * 7} about scheduling, budgets and meeting rooms.")
+        return (f"{topic}{i}", lambda t=text, i=i: (extract_text(t, title=f"{topic} {i}"), f"{topic}:{i}"))
+
+    ingest_documents(kb, [item(i) for i in range(n)], captured_by="api", batch_passages=512)
+
+
+def test_small_kb_is_not_crowded_out_by_a_big_one(store):
+    store.create_kb("Big")
+    store.create_kb("Small")
+    _bulk(store.open_kb("Big"), 3000, "operations")
+    small = store.open_kb("Small")
+    _bulk(small, 59, "garden")
+    add_document(small, extract_text("The greenhouse sprinklers run at 06:00 and 19:00 every day; "
+                                     "in July they also run at noon.", title="Greenhouse watering"),
+                 key="garden:water")
+    assert store.catalog.counts(small.id)["chunks"] == 60
+    res = Searcher(store).search(["Big", "Small"], "when do the greenhouse sprinklers run?", k=5)
+    assert res.hits[0].kb_name == "Small" and res.hits[0].title == "Greenhouse watering"
+    by_kb = {s.kb_name: s for s in res.statuses}
+    assert by_kb["Small"].status == "passages"
+    assert {h.kb_name for h in res.hits} <= {"Big", "Small"}
+
+
+def test_cli_explain_draws_the_cutoff(tmp_path):
+    home = tmp_path / "home"
+    note = tmp_path / "n.md"
+    note.write_text("# Widgets\n\nThe SKU-88-A widget ships with a two-year warranty.")
+    run_cli(["kb", "create", "Docs"], home, check=True)
+    run_cli(["add", "Docs", str(note)], home, check=True)
+    out = run_cli(["search", "Docs", "SKU-88-A warranty", "--explain"], home).stdout
+    assert "Docs · 1 passage" in out
+    assert "cut-off 0.35" in out and "─" in out and "vector+keyword" in out
+
+
+def test_code_heavy_eval_meets_its_floor():
+    res = run_eval(CODES)
+    hybrid = res["modes"]["hybrid"]
+    assert hybrid["overall"]["recall@1"] >= 0.95, hybrid
+    assert hybrid["by_kind"]["exact"]["recall@1"] == 1.0, hybrid
+    assert res["failed_documents"] == []
+
+
+def test_hashing_canary_keeps_the_keyword_path_honest():
+    res = run_eval(CODES, model="hashing-256", modes=("keyword", "hybrid"))
+    assert res["modes"]["keyword"]["by_kind"]["exact"]["recall@1"] == 1.0
+    assert res["modes"]["hybrid"]["by_kind"]["exact"]["recall@1"] == 1.0
+
+
+def test_eval_reads_any_beir_folder(tmp_path: Path):
+    (tmp_path / "qrels").mkdir()
+    (tmp_path / "corpus.jsonl").write_text(
+        '{"_id": "a", "title": "Cats", "text": "Cats purr when content."}\n'
+        '{"_id": "b", "title": "Dogs", "text": "Dogs bark at strangers."}\n')
+    (tmp_path / "queries.jsonl").write_text('{"_id": "1", "text": "why do cats purr"}\n')
+    (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n1\ta\t1\n")
+    res = run_eval(tmp_path, modes=("vector",))
+    assert res["modes"]["vector"]["overall"]["recall@1"] == 1.0
+    assert res["queries"] == 1 and res["documents"] == 2
