@@ -385,14 +385,47 @@ def test_cli_encrypts_with_the_passphrase_from_the_environment(store, hashed, tm
 
 # -- host messages -----------------------------------------------------------------
 
-def test_host_exports_in_parts_under_1_mib_and_imports_from_parts(store, tmp_path):
-    store.create_kb("Big", model="hashing-256")
-    kb = store.open_kb("Big")
-    rng = random.Random(1)
+def _synthetic(n_chunks: int, *, per_source: int = 100, words_per_chunk: int = 20, seed: int = 1,
+               dense: bool = False) -> bytes:
+    """A valid .awkb for the hashing model with ``n_chunks`` chunks of random words."""
+    from localkb.chunk import passage_text
+    from localkb.embed import HashingEmbedder
+
+    rng = random.Random(seed)
     words = [f"w{n}" for n in range(5000)]
-    for i in range(30):  # random words, so the vectors (and the file) do not compress away
-        add_document(kb, extract_text(" ".join(rng.choice(words) for _ in range(6000)), title=f"R{i}"),
-                     key=f"r{i}")
+    sources, chunks = [], []
+    for start in range(0, n_chunks, per_source):
+        count = min(per_source, n_chunks - start)
+        sid, title = f"s{start}", f"Random {start}"
+        sources.append({"id": sid, "key": f"text:{start}", "type": "text", "title": title, "url": None,
+                        "file_name": None, "content_hash": "0" * 64, "captured_by": "cli",
+                        "chunk_count": count, "pages": None, "lang": None, "added_at": 1.0e9,
+                        "updated_at": 1.0e9})
+        for i in range(count):
+            text = " ".join(rng.choice(words) for _ in range(words_per_chunk))
+            passage = passage_text(title, text)
+            chunks.append({"id": f"c{start}-{i}", "source": sid, "index": i, "text": text, "page": None,
+                           "tokens": words_per_chunk, "text_hash": hashlib.sha256(passage.encode()).hexdigest()[:32],
+                           "indexed_by": "cli", "indexed_at": 1.0e9, "_passage": passage})
+    if dense:  # random unit vectors: they do not compress, so the file size is predictable
+        vecs = np.random.default_rng(seed).standard_normal((len(chunks), 256)).astype(np.float32)
+        vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+        for c in chunks:
+            del c["_passage"]
+    else:
+        vecs = HashingEmbedder().embed([c.pop("_passage") for c in chunks])
+    for c, v in zip(chunks, vecs, strict=True):
+        c["vector"] = base64.b64encode(v.astype("<f4").tobytes()).decode()
+    return _pack({"format": "awkb", "version": 1, "model": {"id": "hashing-256", "dim": 256,
+                                                             "normalised": True},
+                  "kb": {"name": "Random", "privacy": "device"}, "sources": sources, "chunks": chunks,
+                  "counts": {"sources": len(sources), "chunks": len(chunks)}})
+
+
+def test_host_exports_in_parts_under_1_mib_and_imports_from_parts(store, tmp_path):
+    # Built by importing a generated file (fast); random words, so the file does not compress away.
+    import_kb(store, io.BytesIO(_synthetic(1000, dense=True)), name="Big")
+    kb = store.open_kb("Big")
     counts = store.catalog.counts(kb.id)
     with HostProcess([sys.executable, "-m", "localkb", "host"], home=store.root) as host:
         host.send({"id": "x", "type": "kb.export", "data": {"kb": "Big"}})
