@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from conftest import make_pdf, run_cli
 from hostproc import HostProcess
-
 from localkb import envelope
 from localkb.catalog import blob_vector
 from localkb.doctor import doctor
@@ -285,7 +285,7 @@ def test_fuzz_over_a_thousand_bad_archives_are_each_refused_and_leave_no_trace(s
         cases.append((f"json cut {n}", gzip.compress(text[: rng.randrange(0, len(text))])))
     for n in range(150):  # the gzip stream cut short anywhere
         cases.append((f"gzip cut {n}", good[: rng.randrange(0, len(good))]))
-    for n in range(200):  # one byte changed past the header's mtime/os fields
+    for _ in range(200):  # one byte changed past the header's mtime/os fields
         pos = rng.randrange(10, len(good))
         flipped = bytearray(good)
         flipped[pos] ^= 1 << rng.randrange(8)
@@ -404,8 +404,9 @@ def _synthetic(n_chunks: int, *, per_source: int = 100, words_per_chunk: int = 2
         for i in range(count):
             text = " ".join(rng.choice(words) for _ in range(words_per_chunk))
             passage = passage_text(title, text)
+            digest = hashlib.sha256(passage.encode()).hexdigest()[:32]
             chunks.append({"id": f"c{start}-{i}", "source": sid, "index": i, "text": text, "page": None,
-                           "tokens": words_per_chunk, "text_hash": hashlib.sha256(passage.encode()).hexdigest()[:32],
+                           "tokens": words_per_chunk, "text_hash": digest,
                            "indexed_by": "cli", "indexed_at": 1.0e9, "_passage": passage})
     if dense:  # random unit vectors: they do not compress, so the file size is predictable
         vecs = np.random.default_rng(seed).standard_normal((len(chunks), 256)).astype(np.float32)
@@ -460,8 +461,9 @@ def test_host_exports_in_parts_under_1_mib_and_imports_from_parts(store, tmp_pat
         assert again["error"]["code"] == "invalid_input"  # the upload went with its commit
 
         up2 = host.request({"id": 5, "type": "kb.import", "data": {"action": "begin"}})["result"]["upload"]
-        host.request({"id": 6, "type": "kb.import", "data": {
-            "action": "part", "upload": up2, "index": 0, "data_base64": base64.b64encode(data[:999]).decode()}})
+        head = base64.b64encode(data[:999]).decode()
+        host.request({"id": 6, "type": "kb.import",
+                      "data": {"action": "part", "upload": up2, "index": 0, "data_base64": head}})
         bad = host.request({"id": 7, "type": "kb.import", "data": {"action": "commit", "upload": up2}})
         assert bad["error"]["code"] == "invalid_archive" and "truncated" in bad["error"]["message"]
         up3 = host.request({"id": 8, "type": "kb.import", "data": {"action": "begin"}})["result"]["upload"]
