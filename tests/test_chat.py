@@ -151,8 +151,8 @@ def test_without_a_model_the_answer_quotes_passages_with_citations_labelled_not_
     assert first["n"] == 1 and first["title"] == "Green tea"
     assert first["url"] == "https://example.org/green-tea" and first["kb_name"] == "Docs"
     assert "[1]" in res.answer
-    assert [s["line"] for s in steps] == ["Docs · " + steps[0]["line"].split(" · ", 1)[1]]
-    assert steps[0]["status"] == "passages"
+    assert len(steps) == 1 and steps[0]["status"] == "passages"
+    assert steps[0]["line"] == f"Docs · {steps[0]['count']} passage{'s' if steps[0]['count'] > 1 else ''}"
 
 
 def test_nothing_relevant_says_i_dont_know_without_calling_the_model(store, docs):
@@ -581,15 +581,18 @@ def _configure(home: Path, llm: FakeLLM) -> None:
 
 
 def test_host_chat_streams_steps_and_tokens_before_a_reply_with_citations(settings, store, docs):
+    store.create_kb("Notes")
     with FakeLLM(reply="Green tea: 80 °C for two minutes [1].") as llm:
         _configure(settings.data_dir, llm)
         with HostProcess([sys.executable, "-m", "localkb", "host"], home=settings.data_dir) as host:
-            host.send({"id": 1, "type": "chat", "data": {"kbs": ["Docs"], "message": QUESTION}})
+            host.send({"id": 1, "type": "chat", "data": {"kbs": ["Docs", "Notes"],
+                                                         "message": QUESTION}})
             msgs = host.until_reply(1)
     events = [m["event"] for m in msgs[:-1]]
-    assert events[0] == "step" and events.count("step") == 1
-    assert "token" in events and events.index("step") < events.index("token")
-    assert msgs[0]["data"]["line"].startswith("Docs · ")
+    assert events[:2] == ["step", "step"] and events.count("step") == 2
+    assert set(events[2:]) == {"token"}  # every step before the first token
+    assert [m["data"]["line"] for m in msgs[:2]] == [
+        msgs[0]["data"]["line"], "Notes · empty"] and msgs[0]["data"]["line"].startswith("Docs · ")
     tokens = "".join(m["data"]["text"] for m in msgs if m.get("event") == "token")
     reply = msgs[-1]
     assert reply["ok"], reply
