@@ -403,7 +403,8 @@ async function importFile() {
     }
   }
   const kb = result.knowledge_base;
-  flash(`Imported ${kb?.name ?? "the knowledge base"}: ${result.sources} sources, ${result.chunks} passages.`);
+  const count = (/** @type {number} */ n, /** @type {string} */ word) => `${n} ${word}${n === 1 ? "" : "s"}`;
+  flash(`Imported ${kb?.name ?? "the knowledge base"}: ${count(result.sources, "source")}, ${count(result.chunks, "passage")}.`);
   /** @type {HTMLFormElement} */ ($("import-form")).reset();
   await loadKnowledgeBases();
 }

@@ -163,9 +163,15 @@ class ExtensionBrowser:
         """Evaluate in the service worker (awaited when it returns a promise)."""
         return self.worker.evaluate(expression, arg)
 
-    def open(self, page: str):
-        """Open one of the extension's pages in a new tab and return it."""
+    def open(self, page: str, *, width: int | None = None, height: int = 900):
+        """Open one of the extension's pages in a new tab and return it.
+
+        Pages open at the side panel's width (the context's viewport) unless ``width``
+        says otherwise: the options page opens in a full tab.
+        """
         tab = self.context.new_page()
+        if width is not None:
+            tab.set_viewport_size({"width": width, "height": height})
         tab.goto(self.url(page))
         return tab
 

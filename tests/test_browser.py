@@ -88,6 +88,7 @@ SECRET_HTML = f"""<!doctype html>
 </article></main></body></html>
 """
 QUESTION = f"What does {ERR_CODE} mean?"
+OPTIONS_WIDTH = 1100  # the options page opens in a tab, not in the narrow side panel
 
 
 # ---------------------------------------------------------------- fixtures
@@ -278,7 +279,7 @@ def _last_answer(panel):
 def endpoints(browser: ExtensionBrowser, fake_llm: FakeLLM) -> dict:
     """Two endpoints on the same loopback server, entered on the options page: "local" (on the
     device, the default) and "cloudy" (marked as cloud). Returns the host's config afterwards."""
-    options = browser.open("options.html")
+    options = browser.open("options.html", width=OPTIONS_WIDTH)
     options.wait_for_selector("#app:not([hidden])")
     for name, cloud in (("local", False), ("cloudy", True)):
         options.click("#add-endpoint")
@@ -420,7 +421,7 @@ def test_exported_file_imports_as_a_new_kb_with_the_same_answer(browser, saved, 
 
     if "kb.export" not in HANDLERS or "kb.import" not in HANDLERS:
         pytest.fail("the host has no kb.export / kb.import yet (host/localkb/portable.py is being written)")
-    options = browser.open("options.html")
+    options = browser.open("options.html", width=OPTIONS_WIDTH)
     options.wait_for_selector("#app:not([hidden])")
     with options.expect_download(timeout=WAIT_MS) as info:
         options.get_by_role("button", name="Export Docs").click()
@@ -433,6 +434,7 @@ def test_exported_file_imports_as_a_new_kb_with_the_same_answer(browser, saved, 
     options.locator("#import-file").set_input_files(str(exported))
     options.locator('#import-form [type="submit"]').click()
     options.wait_for_selector("#flash:has-text('Imported Docs imported')")
+    _shot(options, "options-imported.png")
     options.close()
 
     listed = _host(browser, "kb.list")["knowledge_bases"]
@@ -451,6 +453,39 @@ def test_exported_file_imports_as_a_new_kb_with_the_same_answer(browser, saved, 
     assert any(re.fullmatch(r"Docs imported · \d+ passages?", s) for s in steps), steps
     assert "means the flux capacitor overheated" in answer.locator(".answer").inner_text()
     panel.close()
+
+
+def test_encrypted_export_asks_for_the_passphrase_on_import(browser, saved, tmp_module, home):
+    options = browser.open("options.html", width=OPTIONS_WIDTH)
+    options.wait_for_selector("#app:not([hidden])")
+    with options.expect_download(timeout=WAIT_MS) as info:
+        options.get_by_role("button", name="Export Private").click()
+        options.locator("#ask-text-input").fill("correct horse battery")
+        options.locator("#ask-text-ok").click()
+    exported = tmp_module / "private-encrypted.awkb"
+    info.value.save_as(exported)
+    assert b"PINEAPPLE" not in exported.read_bytes()
+    kb_count = len(catalog_rows(home, "SELECT id FROM kbs"))
+
+    options.locator("#import-file").set_input_files(str(exported))
+    options.locator('#import-form [type="submit"]').click()
+    dialog = options.locator("#ask-text")
+    dialog.wait_for()
+    assert options.locator("#ask-text-title").inner_text() == "This file is encrypted"
+    options.locator("#ask-text-input").fill("wrong passphrase")
+    options.locator("#ask-text-ok").click()
+    options.wait_for_selector("#ask-text-title:has-text('Wrong passphrase')")
+    assert len(catalog_rows(home, "SELECT id FROM kbs")) == kb_count  # nothing half-imported
+    options.locator("#ask-text-input").fill("correct horse battery")
+    options.locator("#ask-text-ok").click()
+    options.wait_for_selector("#flash:has-text('Imported Private')")
+    flash = options.locator("#flash").inner_text()
+    assert re.fullmatch(r"Imported Private \(2\): 1 source, \d+ passages?\.", flash), flash
+    options.close()
+    rows = catalog_rows(home, "SELECT k.privacy, c.text FROM kbs k JOIN chunks c ON c.kb_id = k.id "
+                              "WHERE k.name = 'Private (2)'")
+    assert rows and all(r["privacy"] == "device" for r in rows)
+    assert any("PINEAPPLE-4471" in r["text"] for r in rows)
 
 
 # ---------------------------------------------------------------- 4. no host
