@@ -10,9 +10,9 @@ import sys
 import threading
 
 import pytest
+
 from conftest import run_cli
 from hostproc import HostProcess
-
 from localkb.catalog import valid_vector
 from localkb.doctor import doctor
 from localkb.errors import Cancelled, InvalidInput, ModelMismatch
