@@ -400,6 +400,18 @@ def test_model_answer_streams_and_cites_the_saved_passage(browser, saved, fake_l
     assert dialog.locator(".bar-row[data-above='true']").count() >= 1
     assert dialog.locator(".cutoff-label").inner_text() == "cut-off 0.35"
     _shot(panel, "sidepanel-test-search.png")
+    dialog.locator("[data-close]").click()
+
+    # Private found only weaker matches, which were not given to the model; its line offers
+    # to use them, and the reply is asked again in place with them.
+    first = json.dumps([r for r in fake_llm.requests[before:] if r.get("stream")])
+    assert "PINEAPPLE-4471" not in first
+    weaker = answer.locator(".step[data-status='weaker']")
+    asked = len(fake_llm.requests)
+    weaker.get_by_role("button", name="Use weaker matches for this reply").click()
+    panel.wait_for_selector(".turn-assistant .answer-meta:has-text('Weaker matches used')")
+    assert panel.locator(".turn-assistant").count() == 1
+    assert "PINEAPPLE-4471" in json.dumps(fake_llm.requests[asked:])  # on-device model: allowed
     panel.close()
 
 
