@@ -40,6 +40,7 @@
  * @property {string} [url]
  * @property {number} [chunk_index]
  * @property {number | null} [page]
+ * @property {number} [chunk_count] passages in its source
  * @property {number} [score] fused rank score, 0..1
  * @property {number | null} [cosine] similarity to the question, what the cut-off applies to
  * @property {string} [text]
@@ -250,7 +251,8 @@ export function passageFacts(c) {
   const facts = [{ label: "Knowledge base", value: c.kb_name || c.kb || "–" }];
   facts.push({ label: "Source", value: c.title || c.url || "untitled" });
   if (Number.isInteger(c.chunk_index)) {
-    facts.push({ label: "Passage", value: `#${/** @type {number} */ (c.chunk_index) + 1}` });
+    const of = Number.isInteger(c.chunk_count) ? ` of ${c.chunk_count}` : "";
+    facts.push({ label: "Passage", value: `#${/** @type {number} */ (c.chunk_index) + 1}${of}` });
   }
   if (Number.isInteger(c.page)) facts.push({ label: "Page", value: String(c.page) });
   // The cosine is the number the cut-off and "Test this search" speak of; the fused score is

@@ -388,6 +388,7 @@ def test_model_answer_streams_and_cites_the_saved_passage(browser, saved, fake_l
     assert f"{ERR_CODE} means the flux capacitor overheated" in panel.locator("#passage-text").inner_text()
     facts = panel.locator("#passage-facts").inner_text()
     assert re.search(r"Similarity\s+0\.\d\d", facts), facts  # the cosine, not the 1.00 of a rank
+    assert re.search(r"Passage\s+#\d+ of \d+", facts), facts
     assert len(fake_llm.requests) > before
     _shot(panel, "sidepanel-passage.png")
     panel.locator("#passage-card [data-close]").click()

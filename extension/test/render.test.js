@@ -120,6 +120,7 @@ test("passage facts show the similarity the cut-off applies to, not the rank sco
   const facts = passageFacts({ n: 1, kb_name: "Docs", title: "Manual", chunk_index: 0, score: 1, cosine: 0.534 });
   assert.deepEqual(facts.at(-1), { label: "Similarity", value: "0.53" });
   assert.equal(facts.filter((f) => f.label === "Score").length, 0);
+  assert.deepEqual(passageFacts({ n: 1, chunk_index: 1, chunk_count: 3 })[2], { label: "Passage", value: "#2 of 3" });
 });
 
 test("passage facts list the knowledge base, source, passage, page and score", () => {
