@@ -718,13 +718,17 @@ def run_turn(
     )
     qvec = None
     if cache is not None and not tools_offered:
-        t0 = time.perf_counter()
-        try:
-            qvec = store.models.get(store.settings.default_model).embed([normalise_query(query)])[0]
-        except LocalKBError:
-            qvec = None  # no semantic cache without an embedder; the exact one still works
-        trace["cache"]["embed_ms"] = _ms(t0)
-        hit, how, cos = cache.get(query, parts, qvec)
+        hit, how, cos = cache.get(query, parts, None)
+        if hit is None:
+            # Only a miss pays for the query embedding that the semantic cache compares.
+            t0 = time.perf_counter()
+            try:
+                qvec = store.models.get(store.settings.default_model).embed(
+                    [normalise_query(query)])[0]
+            except LocalKBError:
+                qvec = None  # no semantic cache without an embedder; the exact one still works
+            trace["cache"]["embed_ms"] = _ms(t0)
+            hit, how, cos = cache.get(query, parts, qvec)
         trace["cache"]["cosine"] = cos
         if hit is not None:
             trace["cache"][how] = True
