@@ -1,0 +1,119 @@
+"""Export and import speed of .awkb files, and their size against vectors written as JSON numbers.
+
+    python bench/portable.py [--chunks 5000] [--model all-MiniLM-L6-v2]
+
+Builds a knowledge base in a temporary data dir by importing generated passages
+(real vectors from the chosen model), then times export and import and prints
+MB/s of the file written/read. The size ratio compares the same document with
+vectors as base64 of float32 (the format) and as JSON numbers (shortest float32
+repr, and Python's float repr of the same values).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import gzip
+import hashlib
+import io
+import json
+import random
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from localkb.chunk import passage_text
+from localkb.config import Settings
+from localkb.kb import Store
+from localkb.portable import export_kb, import_kb
+
+WORDS = ("the of and a to in is was for on that with as by at from his her it an were are which "
+         "river mill engine valve harbour garden letter winter market bridge signal copper "
+         "lantern orchard voyage ledger furnace meadow")
+
+
+def generated(store: Store, model: str, n: int, seed: int = 1) -> bytes:
+    """An .awkb with ``n`` passages of English-like filler and the model's real vectors."""
+    rng = random.Random(seed)
+    words = WORDS.split()
+    emb = store.models.get(model)
+    sources, chunks = [], []
+    per = 50
+    for start in range(0, n, per):
+        sid, title = f"s{start}", f"Generated document {start}"
+        count = min(per, n - start)
+        sources.append({"id": sid, "key": f"gen:{start}", "type": "text", "title": title, "url": None,
+                        "file_name": None, "content_hash": "0" * 64, "captured_by": "cli",
+                        "chunk_count": count, "pages": None, "lang": "en", "added_at": 1.7e9,
+                        "updated_at": 1.7e9})
+        for i in range(count):
+            text = " ".join(rng.choice(words) for _ in range(150))
+            chunks.append({"id": f"{sid}-{i}", "source": sid, "index": i, "text": text, "page": None,
+                           "tokens": 150,
+                           "text_hash": hashlib.sha256(passage_text(title, text).encode()).hexdigest()[:32],
+                           "indexed_by": "cli", "indexed_at": 1.7e9, "_p": passage_text(title, text)})
+    vecs = emb.embed([c.pop("_p") for c in chunks])
+    for c, v in zip(chunks, vecs, strict=True):
+        c["vector"] = base64.b64encode(v.astype("<f4").tobytes()).decode()
+    doc = {"format": "awkb", "version": 1, "model": {"id": model, "dim": emb.dim, "normalised": True},
+           "kb": {"name": "Bench", "privacy": "device"}, "sources": sources, "chunks": chunks,
+           "counts": {"sources": len(sources), "chunks": len(chunks)}}
+    return gzip.compress(json.dumps(doc).encode(), 6)
+
+
+def as_numbers(data: bytes, *, float32_repr: bool) -> bytes:
+    doc = json.loads(gzip.decompress(data))
+    for c in doc["chunks"]:
+        vec = np.frombuffer(base64.b64decode(c["vector"]), "<f4")
+        if float32_repr:  # shortest text that reads back as the same float32
+            c["vector"] = [json.loads(np.format_float_positional(x, unique=True, trim="-")) for x in vec]
+        else:
+            c["vector"] = [float(x) for x in vec]
+    return gzip.compress(json.dumps(doc, separators=(",", ":")).encode(), 6)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--chunks", type=int, default=5000)
+    ap.add_argument("--model", default="all-MiniLM-L6-v2")
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(Settings.from_env({"LOCALKB_HOME": tmp}))
+        t = time.perf_counter()
+        seed_file = generated(store, args.model, args.chunks)
+        print(f"generated {args.chunks} chunks with {args.model} in {time.perf_counter() - t:.1f} s")
+        import_kb(store, io.BytesIO(seed_file), name="Bench")
+        kb = store.open_kb("Bench")
+        exports, imports = [], []
+        for _ in range(args.repeat):
+            buf = io.BytesIO()
+            t = time.perf_counter()
+            report = export_kb(kb, buf)
+            exports.append(time.perf_counter() - t)
+            data = buf.getvalue()
+            t = time.perf_counter()
+            made = import_kb(store, io.BytesIO(data))
+            imports.append(time.perf_counter() - t)
+            store.delete_kb(made.knowledge_base["id"])
+        mb = len(data) / 1e6
+        raw_mb = len(gzip.decompress(data)) / 1e6
+        print(f"file: {len(data):,} bytes ({raw_mb:.1f} MB of JSON), {report.chunks} chunks, "
+              f"{report.sources} sources")
+        print(f"export: {mb / min(exports):.1f} MB/s of file ({min(exports):.2f} s best of {args.repeat})")
+        print(f"import: {mb / min(imports):.1f} MB/s of file ({min(imports):.2f} s best of {args.repeat}, "
+              "validation + one transaction + derived indexes)")
+        for label, f32 in (("float32 shortest repr", True), ("Python float repr", False)):
+            numbers = as_numbers(data, float32_repr=f32)
+            raw_numbers = len(gzip.decompress(numbers))
+            print(f"vectors as JSON numbers ({label}): {len(numbers):,} bytes gzipped, "
+                  f"{len(numbers) / len(data):.2f}x the base64 file; uncompressed "
+                  f"{raw_numbers / 1e6:.1f} MB, {raw_numbers / (raw_mb * 1e6):.2f}x")
+        store.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
