@@ -50,6 +50,14 @@ def is_code_like(token: str) -> bool:
     return not token.isalpha()
 
 
+def is_identifier(term: str) -> bool:
+    """An identifier (``err_4521``, ``v2.3``, ``sku-88-a``, ``il-6``): letters and digits, or an underscore.
+
+    Hyphenated words (``non-small``) and bare numbers are code-like but not identifiers.
+    """
+    return "_" in term or (any(c.isdigit() for c in term) and any(c.isalpha() for c in term))
+
+
 def normalize(token: str) -> str | None:
     """The indexed form of one token: lower case, stemmed if a plain word; None if a stopword."""
     low = token.lower()

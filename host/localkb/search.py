@@ -20,7 +20,7 @@ from .catalog import blob_vector, vector_key
 from .errors import EmbeddingUnavailable, InvalidInput, LocalKBError
 from .hybrid import rrf
 from .kb import KnowledgeBase, Store
-from .keywords import is_code_like, query_terms
+from .keywords import is_identifier, query_terms
 
 MODES = ("hybrid", "vector", "keyword")
 #: Below the cut-off by at most this much, a hit is a "weaker match"; further down it is noise.
@@ -245,10 +245,10 @@ class Searcher:
                 t["keyword_error"] = str(err)
             lists["keyword"] = [vector_key(h.chunk_id) for h in khits]
             bm25.update((vector_key(h.chunk_id), (h.bm25, h.matched)) for h in khits)
-            codes = {t for t in terms if is_code_like(t)}
+            codes = {t for t in terms if is_identifier(t)}
             if codes:
                 # Exact identifiers get a list of their own: chunks holding the query's
-                # code-like terms, most of them first. A sentence model sees ERR_4521 and
+                # identifiers whole, most of them first. A sentence model sees ERR_4521 and
                 # ERR_4512 as near-twins; this list does not.
                 exact = sorted((h for h in khits if h.terms & codes),
                                key=lambda h: (len(h.terms & codes), h.bm25), reverse=True)
