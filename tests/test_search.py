@@ -205,3 +205,21 @@ def test_eval_reads_any_beir_folder(tmp_path: Path):
     res = run_eval(tmp_path, modes=("vector",))
     assert res["modes"]["vector"]["overall"]["recall@1"] == 1.0
     assert res["queries"] == 1 and res["documents"] == 2
+
+
+def test_an_index_that_cannot_be_opened_or_rebuilt_is_unavailable(settings, store, docs_kb):
+    import shutil
+
+    from localkb.kb import Store
+
+    folder = store.kb_dir(docs_kb.id)
+    store.close()
+    shutil.rmtree(folder)
+    folder.write_text("a file where the index folder should be")
+    fresh = Store(settings)
+    res = Searcher(fresh).search(["Docs"], "ERR_4521")
+    st = res.statuses[0]
+    assert st.status == "unavailable" and st.error["code"] == "index_unavailable"
+    assert "says nothing about what is stored" in st.message
+    assert fresh.catalog.counts(docs_kb.id)["chunks"] == len(PAGES)  # the catalogue is intact
+    fresh.close()

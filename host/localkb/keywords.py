@@ -138,10 +138,13 @@ class KeywordIndex:
     def create(cls, folder: Path) -> KeywordIndex:
         from whoosh import index as windex
 
-        if folder.exists():
-            shutil.rmtree(folder)
-        folder.mkdir(parents=True)
-        ki = cls(folder, windex.create_in(str(folder), _schema()))
+        try:
+            if folder.is_dir():
+                shutil.rmtree(folder)
+            folder.mkdir(parents=True)
+            ki = cls(folder, windex.create_in(str(folder), _schema()))
+        except OSError as err:
+            raise IndexUnavailable(f"keyword index {folder.name} could not be created: {err}") from err
         ki.generation = 0
         return ki
 
@@ -179,9 +182,12 @@ class KeywordIndex:
                 writer.commit()
             except Exception as err:
                 raise IndexUnavailable(f"keyword index update failed: {err}") from err
+        try:
+            write_json(self.meta_path, {"generation": generation, "count": self.doc_count(),
+                                        "saved": time.time(), "localkb": __version__})
+        except OSError as err:
+            raise IndexUnavailable(f"keyword index {self.folder.name} could not be saved: {err}") from err
         self.generation = generation
-        write_json(self.meta_path, {"generation": generation, "count": self.doc_count(),
-                                    "saved": time.time(), "localkb": __version__})
         self._close_searcher()
 
     def _close_searcher(self) -> None:

@@ -89,15 +89,18 @@ class VectorIndex:
 
     def save(self, generation: int) -> None:
         """Write to a temporary name, then rename: never a half-written file in place."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = tmp_path_for(self.path)
-        self.index.save(str(tmp))
-        replace_into(tmp, self.path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = tmp_path_for(self.path)
+            self.index.save(str(tmp))
+            replace_into(tmp, self.path)
+            write_json(self.meta_path, {
+                "model": self.model, "dim": self.dim, "generation": generation,
+                "count": len(self.index), "saved": time.time(), "localkb": __version__,
+            })
+        except (OSError, RuntimeError) as err:
+            raise IndexUnavailable(f"vector index {self.path.name} could not be saved: {err}") from err
         self.generation = generation
-        write_json(self.meta_path, {
-            "model": self.model, "dim": self.dim, "generation": generation,
-            "count": len(self.index), "saved": time.time(), "localkb": __version__,
-        })
 
     def search(self, query: np.ndarray, count: int, *, exact_below: int) -> VectorHits:
         """Top ``count`` by cosine; exact when small or when HNSW returns too few."""
