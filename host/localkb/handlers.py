@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -133,9 +134,8 @@ def _index_health(settings: Settings, rec) -> str:
 
 
 def _model_state(settings: Settings) -> dict:
-    from .embed import _SHARED
-
-    for (model_id, *_rest), emb in list(_SHARED.items()):
+    embed = sys.modules.get("localkb.embed")  # not imported yet: nothing can be loaded
+    for (model_id, *_rest), emb in list(embed._SHARED.items() if embed else ()):
         if model_id == settings.default_model:
             info = emb.describe()
             if getattr(emb, "load_error", None):
@@ -146,6 +146,14 @@ def _model_state(settings: Settings) -> dict:
 
 
 def _endpoint_state(settings: Settings) -> dict | None:
+    if "localkb.llm" not in sys.modules:
+        # Importing the HTTP client costs more than the cold-start budget allows; the
+        # extension asks config.get for endpoints and their location.
+        from .atomic import read_json
+
+        raw = read_json(settings.data_dir / "config.json") or {}
+        name = raw.get("default_endpoint")
+        return {"name": name, "location": None} if name else None
     try:
         from .llm import load_config
 
