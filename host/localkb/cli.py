@@ -466,6 +466,39 @@ def cmd_config_endpoint(args, out: Out) -> int:
     return 0
 
 
+def cmd_model_build(args, out: Out) -> int:
+    from . import modelbuild
+    from .embed import _build_lock, select_minilm
+
+    settings = Settings.from_env()
+    folder = settings.models_root / "minilm-built"
+    folder.mkdir(parents=True, exist_ok=True)
+    with _build_lock(folder):
+        info = modelbuild.build(folder, force=args.force)
+    chosen = select_minilm(settings)
+    result = {"folder": str(folder), "verified": info.get("verified"),
+              "verification": info.get("verification"), "outputs": info.get("outputs"),
+              "chosen": chosen.describe()}
+
+    def text() -> str:
+        v = info.get("verification") or {}
+        lines = [f"built in {folder}: " + ("verified" if info.get("verified") else "NOT verified")]
+        if v:
+            lines.append(f"  built fp32 vs packaged int8: mean cosine {v.get('fp32_vs_packaged_mean')}; "
+                         f"built int8 vs fp32: mean {v.get('int8_vs_fp32_mean')}, "
+                         f"min {v.get('int8_vs_fp32_min')}")
+        sel = chosen.selection
+        if sel.get("tokens_per_s"):
+            lines.append("  tokens/s on this machine: " + ", ".join(
+                f"{k} {v:,}" for k, v in sel["tokens_per_s"].items()))
+        lines.append(f"the embedder uses: {chosen.variant}"
+                     + (f" ({sel['fallback']})" if sel.get("fallback") else ""))
+        return "\n".join(lines)
+
+    out.emit(result, text)
+    return 0
+
+
 def cmd_host(args, out: Out) -> int:
     from .host import main as host_main
 
@@ -636,6 +669,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--limit", type=int, default=20)
     c.add_argument("--offset", type=int, default=0)
     c.set_defaults(func=cmd_log)
+    model = sub.add_parser("model", help="the embedding model")
+    models = model.add_subparsers(dest="model_command", required=True)
+    c = models.add_parser("build", parents=[common],
+                          help="build and verify our int8 MiniLM from the shipped weights, then pick the fastest")
+    c.add_argument("--force", action="store_true", help="rebuild even if a verified build exists")
+    c.set_defaults(func=cmd_model_build)
+
     browsers = ["chrome", "chromium", "brave", "edge", "firefox", "all"]
     c = sub.add_parser("install", parents=[common], help="register the native-messaging host with browsers")
     c.add_argument("--browser", action="append", choices=browsers,

@@ -22,6 +22,8 @@ class Settings:
     """Everything tunable, passed down explicitly; nothing reads the environment later."""
 
     data_dir: Path
+    #: Where the built ONNX models live (``LOCALKB_MODEL_DIR``; default ``<data_dir>/models``).
+    model_dir: Path | None = None
     default_model: str = DEFAULT_MODEL
     #: Force one embedder variant (``packaged-int8``, ``built-int8``, ``built-fp32``).
     model_variant: str | None = None
@@ -47,6 +49,8 @@ class Settings:
         home = env.get("LOCALKB_HOME")
         settings = cls(data_dir=Path(home).expanduser() if home else default_data_dir())
         changes: dict[str, object] = {}
+        if env.get("LOCALKB_MODEL_DIR"):
+            changes["model_dir"] = Path(env["LOCALKB_MODEL_DIR"]).expanduser()
         if env.get("LOCALKB_MODEL_VARIANT"):
             changes["model_variant"] = env["LOCALKB_MODEL_VARIANT"]
         if env.get("LOCALKB_THREADS"):
@@ -57,3 +61,7 @@ class Settings:
             changes["query_log"] = False
         changes.update(overrides)
         return replace(settings, **changes)
+
+    @property
+    def models_root(self) -> Path:
+        return self.model_dir or self.data_dir / "models"

@@ -131,6 +131,8 @@ class MiniLMEmbedder:
         self._tokenizer = None
         self._counter = None
         self._lock = threading.Lock()
+        #: Why this variant was chosen (speeds measured, a forced choice, or a fallback reason).
+        self.selection: dict = {}
 
     # -- loading ---------------------------------------------------------------
     @property
@@ -220,7 +222,8 @@ class MiniLMEmbedder:
         return (hidden * m).sum(axis=1) / np.clip(m.sum(axis=1), 1e-9, None)
 
     def describe(self) -> dict:
-        return {"id": self.model_id, "dim": self.dim, "variant": self.variant, "loaded": self.loaded}
+        return {"id": self.model_id, "dim": self.dim, "variant": self.variant, "loaded": self.loaded,
+                "selection": self.selection}
 
 
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -317,6 +320,74 @@ class EmbedderRegistry:
     def _create(self, model_id: str) -> Embedder:
         if model_id == HASHING_ID:
             return HashingEmbedder()
-        return MiniLMEmbedder(
-            threads=self.settings.threads, batch_size=self.settings.embed_batch_size
-        )
+        return select_minilm(self.settings)
+
+
+VARIANTS = ("packaged-int8", "built-int8", "built-fp32")
+
+
+def select_minilm(settings) -> MiniLMEmbedder:
+    """The fastest verified MiniLM variant on this machine, or the one ``LOCALKB_MODEL_VARIANT`` forces.
+
+    The first call builds our own fp32 and per-channel int8 models from the shipped
+    weights (``modelbuild``), verifies them against the packaged model and times
+    the candidates; both results are cached beside the built files. If the build
+    cannot run, the packaged int8 model is used and the reason is kept.
+    """
+    forced = settings.model_variant
+    if forced is not None and forced not in VARIANTS:
+        raise InvalidInput(f"LOCALKB_MODEL_VARIANT must be one of {', '.join(VARIANTS)}")
+    common = {"threads": settings.threads, "batch_size": settings.embed_batch_size}
+    if forced == "packaged-int8":
+        emb = MiniLMEmbedder(**common)
+        emb.selection = {"forced": True}
+        return emb
+    from . import modelbuild
+
+    built_dir = settings.models_root / "minilm-built"
+    try:
+        built_dir.mkdir(parents=True, exist_ok=True)
+        with _build_lock(built_dir):
+            info = modelbuild.build(built_dir)
+        paths = modelbuild.variant_paths(built_dir)
+        if forced:
+            choice, speeds = forced, {}
+        else:
+            candidates = {name: paths[name] for name in ("packaged-int8", "built-int8")}
+            speeds = modelbuild.measure_variants(candidates, modelbuild.VERIFY_TEXTS,
+                                                 out_dir=built_dir, threads=settings.threads or 2)
+            choice = max(speeds, key=speeds.get)
+        if choice == "packaged-int8":
+            emb = MiniLMEmbedder(**common)
+        else:
+            name = paths[choice].name
+            emb = MiniLMEmbedder(paths[choice], info["outputs"][name]["sha256"], variant=choice, **common)
+        emb.selection = {"forced": bool(forced),
+                         "tokens_per_s": {k: round(v) for k, v in speeds.items()},
+                         "verification": info.get("verification", {})}
+        return emb
+    except (EmbeddingUnavailable, OSError) as err:
+        if forced:
+            raise EmbeddingUnavailable(f"the forced model variant {forced} is unavailable: {err}") from err
+        emb = MiniLMEmbedder(**common)
+        emb.selection = {"fallback": f"the built model could not be used: {err}"}
+        return emb
+
+
+class _build_lock:  # noqa: N801 - used as a context manager
+    """Serialise model builds across processes (two hosts starting at once)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / ".build.lock"
+
+    def __enter__(self) -> None:
+        import fcntl
+        import os
+
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc: object) -> None:
+        import os
+
+        os.close(self.fd)
