@@ -25,6 +25,8 @@ HASHING_ID = "hashing-256"
 PACKAGED_MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
 TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
 MAX_TOKENS = 256
+#: Padded tokens per model batch (see ``MiniLMEmbedder._batches``).
+TOKEN_BUDGET = 2048
 
 ProgressFn = Callable[[int, int], None]
 
@@ -196,13 +198,29 @@ class MiniLMEmbedder:
         order = sorted(range(n), key=lambda i: len(encodings[i].ids))
         out = np.empty((n, self.dim), dtype=np.float32)
         done = 0
-        for start in range(0, n, self.batch_size):
-            idx = order[start : start + self.batch_size]
+        for idx in self._batches(order, [len(e.ids) for e in encodings]):
             out[idx] = self._run([encodings[i].ids for i in idx])
             done += len(idx)
             if progress:
                 progress(done, n)
         return validate(out, n, self.dim, self.model_id)
+
+    def _batches(self, order: list[int], lengths: list[int]) -> list[list[int]]:
+        """Length-sorted batches of at most ``batch_size`` texts and ``TOKEN_BUDGET`` padded tokens.
+
+        Attention memory grows with batch x length^2: 32 passages of 256 tokens
+        peaked at about 1 GB here, 8 of them at 380 MB, and ran no slower.
+        """
+        batches: list[list[int]] = []
+        cur: list[int] = []
+        for i in order:
+            if cur and (len(cur) == self.batch_size or lengths[i] * (len(cur) + 1) > TOKEN_BUDGET):
+                batches.append(cur)
+                cur = []
+            cur.append(i)
+        if cur:
+            batches.append(cur)
+        return batches
 
     def _run(self, batch_ids: list[list[int]]) -> np.ndarray:
         width = max(len(ids) for ids in batch_ids)
