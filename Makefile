@@ -41,7 +41,7 @@ demo: install
 	@echo
 	@echo "(the demo store is in ./$(DEMO); LOCALKB_HOME=$(DEMO) $(BIN)/localkb --help for more)"
 
-test: install test-python test-js
+test: install lint test-python test-js
 
 test-python:
 	$(BIN)/python -m pytest -q -p no:cacheprovider

@@ -17,12 +17,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import peak_rss_mb, scifact_docs  # noqa: E402
+from _common import peak_rss_mb, scifact_docs
 
-from localkb.chunk import passage_text  # noqa: E402
-from localkb.config import Settings  # noqa: E402
-from localkb.ingest import add_paths  # noqa: E402
-from localkb.kb import Store  # noqa: E402
+from localkb.chunk import passage_text
+from localkb.config import Settings
+from localkb.ingest import add_paths
+from localkb.kb import Store
 
 
 def main() -> None:

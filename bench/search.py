@@ -21,13 +21,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import SCIFACT, peak_rss_mb, scifact_docs  # noqa: E402
+from _common import SCIFACT, peak_rss_mb, scifact_docs
 
-from localkb.config import Settings  # noqa: E402
-from localkb.extract import Document, Section  # noqa: E402
-from localkb.ingest import ingest_documents  # noqa: E402
-from localkb.kb import Store  # noqa: E402
-from localkb.search import Searcher  # noqa: E402
+from localkb.config import Settings
+from localkb.extract import Document, Section
+from localkb.ingest import ingest_documents
+from localkb.kb import Store
+from localkb.search import Searcher
 
 SENT = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 
@@ -70,7 +70,8 @@ def build(root: Path, size: int) -> Path:
 def queries() -> list[str]:
     path = SCIFACT / "queries.jsonl"
     if path.exists():
-        qs = [json.loads(line)["text"] for line in open(path, encoding="utf-8")]
+        with open(path, encoding="utf-8") as fh:
+            qs = [json.loads(line)["text"] for line in fh]
         return qs[:300]
     return [f"protein expression in tumour cohort {i}" for i in range(300)]
 

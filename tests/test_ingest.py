@@ -14,13 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import make_pdf, run_cli
 from localkb.catalog import valid_vector
 from localkb.doctor import doctor
 from localkb.errors import EmbeddingUnavailable, NothingWritten
 from localkb.extract import extract_text
 from localkb.ingest import add_capture, add_document, add_paths, list_sources, remove_source
-
-from conftest import make_pdf, run_cli
 
 
 def real_rows(kb) -> int:

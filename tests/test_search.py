@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO, run_cli
 from localkb.errors import EmbeddingUnavailable, IndexUnavailable, KnowledgeBaseNotFound
 from localkb.evaluate import run_eval
 from localkb.extract import extract_text
@@ -14,12 +15,11 @@ from localkb.ingest import add_document, ingest_documents
 from localkb.keywords import KeywordIndex, query_terms
 from localkb.search import Searcher, fetch_k, status_line
 
-from conftest import REPO, run_cli
-
 CODES = REPO / "evals" / "codes"
 
 PAGES = {
-    "err4521": ("ERR_4521 disk full", "ERR_4521 is raised when the local disk is full. Free space, then retry."),
+    "err4521": ("ERR_4521 disk full",
+                "ERR_4521 is raised when the local disk is full. Free space, then retry."),
     "err4512": ("ERR_4512 network", "ERR_4512 is raised when the server cannot be reached. Check the proxy."),
     "v23": ("Release v2.3", "Version v2.3 added offline mode for documents opened recently."),
     "v32": ("Release v3.2", "Version v3.2 removed the legacy sync API."),

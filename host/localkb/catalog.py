@@ -7,6 +7,7 @@ indexes (usearch, Whoosh) can always be rebuilt from here.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sqlite3
@@ -246,7 +247,7 @@ class Catalog:
             marks = ",".join("?" * len(part))
             rows += self.db.execute(
                 "SELECT c.*, s.title AS title FROM chunks c JOIN sources s ON s.id = c.source_id "
-                f"WHERE c.id IN ({marks})", part).fetchall()  # noqa: S608 - only placeholders are interpolated
+                f"WHERE c.id IN ({marks})", part).fetchall()
         return rows
 
     def hits_by_vkey(self, kb_id: str, vkeys: list[int]) -> dict[int, sqlite3.Row]:
@@ -258,7 +259,7 @@ class Catalog:
                 "SELECT c.id, c.vkey, c.idx, c.text, c.page, c.vector, c.source_id, "
                 "s.title, s.url, s.file_name, s.type, s.chunk_count "
                 "FROM chunks c JOIN sources s ON s.id = c.source_id "
-                f"WHERE c.kb_id = ? AND c.vkey IN ({marks})", [kb_id, *part]):  # noqa: S608
+                f"WHERE c.kb_id = ? AND c.vkey IN ({marks})", [kb_id, *part]):
                 out[row["vkey"]] = row
         return out
 
@@ -266,14 +267,12 @@ class Catalog:
     def log_error(self, source: str, code: str, message: str, *, kb_id: str | None = None,
                   ref: str | None = None, detail: dict | None = None) -> None:
         """Append to the error log; a failure to log never hides the original error."""
-        try:
+        with contextlib.suppress(sqlite3.Error):
             self.db.execute(
                 "INSERT INTO errors (at, source, code, message, kb_id, ref, detail) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (time.time(), source, code, message[:2000], kb_id, ref,
                  json.dumps(detail) if detail else None))
-        except sqlite3.Error:
-            pass
 
     def errors(self, *, source: str | None = None, kb_id: str | None = None, offset: int = 0,
                limit: int = 20) -> tuple[list[dict], int]:
@@ -285,20 +284,18 @@ class Catalog:
             where.append("kb_id = ?")
             args.append(kb_id)
         clause = f"WHERE {' AND '.join(where)}" if where else ""
-        total = self.db.execute(f"SELECT COUNT(*) FROM errors {clause}", args).fetchone()[0]  # noqa: S608
+        total = self.db.execute(f"SELECT COUNT(*) FROM errors {clause}", args).fetchone()[0]
         rows = self.db.execute(
-            f"SELECT * FROM errors {clause} ORDER BY id DESC LIMIT ? OFFSET ?",  # noqa: S608
+            f"SELECT * FROM errors {clause} ORDER BY id DESC LIMIT ? OFFSET ?",
             [*args, limit, offset]).fetchall()
         return [{"id": r["id"], "at": r["at"], "source": r["source"], "code": r["code"],
                  "message": r["message"], "kb": r["kb_id"], "ref": r["ref"],
                  "detail": json.loads(r["detail"]) if r["detail"] else None} for r in rows], total
 
     def log_query(self, kind: str, query: str, kb_ids: list[str], trace: dict) -> None:
-        try:
+        with contextlib.suppress(sqlite3.Error):
             self.db.execute("INSERT INTO queries (at, kind, query, kb_ids, trace) VALUES (?,?,?,?,?)",
                             (time.time(), kind, query, json.dumps(kb_ids), json.dumps(trace)))
-        except sqlite3.Error:
-            pass
 
     def queries(self, *, limit: int = 20, offset: int = 0) -> tuple[list[dict], int]:
         total = self.db.execute("SELECT COUNT(*) FROM queries").fetchone()[0]

@@ -672,7 +672,8 @@ def build_parser() -> argparse.ArgumentParser:
     model = sub.add_parser("model", help="the embedding model")
     models = model.add_subparsers(dest="model_command", required=True)
     c = models.add_parser("build", parents=[common],
-                          help="build and verify our int8 MiniLM from the shipped weights, then pick the fastest")
+                          help="build and verify our int8 MiniLM from the shipped weights, "
+                               "then pick the fastest")
     c.add_argument("--force", action="store_true", help="rebuild even if a verified build exists")
     c.set_defaults(func=cmd_model_build)
 

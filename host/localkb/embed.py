@@ -8,6 +8,7 @@ or wrong-length vector) raises ``EmbeddingUnavailable``.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 import threading
 import zlib
@@ -270,7 +271,7 @@ class HashingEmbedder:
         vec = np.zeros(self.dim, dtype=np.float64)
         words = [w.lower() for w in _WORD.findall(text)][: self.max_tokens]
         feats: list[str] = [f"w:{w}" for w in words]
-        feats += [f"b:{a} {b}" for a, b in zip(words, words[1:], strict=False)]
+        feats += [f"b:{a} {b}" for a, b in itertools.pairwise(words)]
         for w in words:
             padded = f"<{w}>"
             feats += [f"c:{padded[i : i + 3]}" for i in range(len(padded) - 2)]
@@ -392,7 +393,7 @@ def select_minilm(settings) -> MiniLMEmbedder:
         return emb
 
 
-class _build_lock:  # noqa: N801 - used as a context manager
+class _build_lock:
     """Serialise model builds across processes (two hosts starting at once)."""
 
     def __init__(self, folder: Path) -> None:

@@ -96,7 +96,7 @@ def extract_html(html: str | bytes, *, url: str | None = None, title: str | None
                 favor_recall=True,
             )
             meta = trafilatura.extract_metadata(html, default_url=url)
-        except Exception:  # noqa: BLE001 - trafilatura raises many kinds; the fallback below decides
+        except Exception:
             text, meta = None, None
     text = _MD_ESCAPE.sub(r"\1", text or "")
     if len(text.strip()) < 20:
@@ -125,7 +125,7 @@ def _full_text(html: str) -> str:
         import lxml.html
 
         tree = lxml.html.fromstring(html)
-    except Exception:  # noqa: BLE001 - unparsable HTML simply has no fallback text
+    except Exception:
         return ""
     for bad in tree.xpath("//script|//style|//noscript|//template"):
         bad.drop_tree()

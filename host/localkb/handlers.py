@@ -114,7 +114,7 @@ def h_status(data: dict, ctx) -> dict:
         out["model"] = _model_state(settings)
         out["endpoint"] = _endpoint_state(settings)
         out["ready"] = True
-    except Exception as err:  # noqa: BLE001 - status reports every failure inside its reply
+    except Exception as err:
         out["ready"] = False
         out["problem"] = f"{type(err).__name__}: {err}"
     return out
@@ -268,10 +268,10 @@ def h_config_set(data: dict, ctx) -> dict:
     if not isinstance(endpoints, list) or len(endpoints) > 50:
         raise InvalidInput("'endpoints' must be a list", detail={"field": "endpoints"})
     parsed = []
-    for raw in endpoints:
-        if not isinstance(raw, dict):
+    for given in endpoints:
+        if not isinstance(given, dict):
             raise InvalidInput("each endpoint must be an object", detail={"field": "endpoints"})
-        raw = dict(raw)
+        raw = dict(given)
         if "api_key" not in raw:
             prev = next((e for e in old.endpoints if e.name == raw.get("name")), None)
             raw["api_key"] = prev.api_key if prev else None

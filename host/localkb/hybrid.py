@@ -11,7 +11,7 @@ def rrf(ranked_lists: dict[str, Sequence[Hashable]], k: int = 60) -> dict[Hashab
     1.0 means first in every list that ran; the normalisation divides by that maximum,
     so scores are comparable between knowledge bases searched separately.
     """
-    lists = [items for items in ranked_lists.values()]
+    lists = list(ranked_lists.values())
     if not lists:
         return {}
     scores: dict[Hashable, float] = {}

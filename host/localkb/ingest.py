@@ -407,22 +407,22 @@ def fetch_url(url: str, *, max_bytes: int, timeout: float) -> tuple[bytes, str, 
 
     try:
         with httpx.Client(follow_redirects=True, timeout=httpx.Timeout(timeout, connect=10.0),
-                          headers={"User-Agent": "LocalKB/0.1 (+personal knowledge base)"}) as client:
-            with client.stream("GET", url) as resp:
-                if resp.status_code >= 400:
-                    raise FetchFailed(f"{url}: the server answered HTTP {resp.status_code}")
-                ctype = resp.headers.get("content-type", "").split(";")[0].strip().lower()
-                if ctype and ctype not in FETCH_TYPES:
-                    raise FetchFailed(f"{url}: content type {ctype} is not a page, text or PDF")
-                declared = int(resp.headers.get("content-length") or 0)
-                if declared > max_bytes:
-                    raise FetchFailed(f"{url}: {declared:,} bytes is over the {max_bytes:,}-byte cap")
-                body = bytearray()
-                for part in resp.iter_bytes():
-                    body += part
-                    if len(body) > max_bytes:
-                        raise FetchFailed(f"{url}: the body is over the {max_bytes:,}-byte cap")
-                return bytes(body), ctype, str(resp.url)
+                          headers={"User-Agent": "LocalKB/0.1 (+personal knowledge base)"}) as client, \
+                client.stream("GET", url) as resp:
+            if resp.status_code >= 400:
+                raise FetchFailed(f"{url}: the server answered HTTP {resp.status_code}")
+            ctype = resp.headers.get("content-type", "").split(";")[0].strip().lower()
+            if ctype and ctype not in FETCH_TYPES:
+                raise FetchFailed(f"{url}: content type {ctype} is not a page, text or PDF")
+            declared = int(resp.headers.get("content-length") or 0)
+            if declared > max_bytes:
+                raise FetchFailed(f"{url}: {declared:,} bytes is over the {max_bytes:,}-byte cap")
+            body = bytearray()
+            for part in resp.iter_bytes():
+                body += part
+                if len(body) > max_bytes:
+                    raise FetchFailed(f"{url}: the body is over the {max_bytes:,}-byte cap")
+            return bytes(body), ctype, str(resp.url)
     except httpx.HTTPError as err:
         raise FetchFailed(f"{url}: {type(err).__name__}: {err}") from err
 

@@ -23,7 +23,7 @@ from .atomic import read_json, write_json
 from .errors import IndexUnavailable
 
 MAX_QUERY_TERMS = 12
-TOKEN_PATTERN = r"\w+(?:[-./:'’]\w+)*"
+TOKEN_PATTERN = r"\w+(?:[-./:'’]\w+)*"  # noqa: S105 - a regex, not a password
 _TOKEN = re.compile(TOKEN_PATTERN, re.UNICODE)
 _JOINERS = re.compile(r"[-_./:'’]")
 

@@ -180,21 +180,23 @@ class Searcher:
         qcache: dict[str, np.ndarray | EmbeddingUnavailable] = {}
         started = time.perf_counter()
         for ref in kb_refs:
-            status, hits = self._search_one(ref, query, result.terms, k, mode, cutoff, rerank,
-                                            floor, qcache, result.trace)
+            status, hits = self._search_one(ref, query, terms=result.terms, k=k, mode=mode,
+                                            cutoff=cutoff, rerank=rerank, floor=floor,
+                                            qcache=qcache, trace=result.trace)
             result.statuses.append(status)
             result.hits += [h for h in hits if h.relevant]
             result.weaker += [h for h in hits if not h.relevant]
         for kb_id, name, reason in skipped:
             result.statuses.append(KBStatus(kb_id, name, "skipped", cutoff=cutoff, message=reason))
-        order = (lambda h: (h.rerank_score if h.rerank_score is not None else -1e9, h.score,
-                            h.cosine or 0.0))
+        def order(h: Hit) -> tuple:
+            return (h.rerank_score if h.rerank_score is not None else -1e9, h.score, h.cosine or 0.0)
+
         result.hits = sorted(result.hits, key=order, reverse=True)[:k]
         result.weaker = sorted(result.weaker, key=order, reverse=True)[:k]
         result.trace["total_ms"] = round((time.perf_counter() - started) * 1000, 2)
         return result
 
-    def _search_one(self, ref: str, query: str, terms: list[str], k: int, mode: str,
+    def _search_one(self, ref: str, query: str, *, terms: list[str], k: int, mode: str,
                     cutoff: float, rerank: bool, floor: bool, qcache: dict, trace: dict,
                     ) -> tuple[KBStatus, list[Hit]]:
         t: dict[str, float] = {}

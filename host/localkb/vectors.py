@@ -38,7 +38,7 @@ class VectorIndex:
     """A usearch HNSW index (cosine, f32) plus its metadata."""
 
     def __init__(self, path: Path, model: str, dim: int) -> None:
-        Index = _index_class()  # noqa: N806
+        Index = _index_class()
 
         self.path = path
         self.meta_path = path.with_suffix(".json")
