@@ -421,6 +421,9 @@ async function loadEndpoints() {
   if (!(config.endpoints ?? []).length) {
     $("endpoints").append(el("p", { class: "muted", id: "no-endpoints", text: "No endpoint yet." }));
   }
+  // Rows added before the list arrived would be wiped by it: adding waits for the list.
+  /** @type {HTMLButtonElement} */ ($("add-endpoint")).disabled = false;
+  $("endpoints").dataset.loaded = "true";
 }
 
 let endpointCounter = 0;

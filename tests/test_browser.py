@@ -281,6 +281,7 @@ def endpoints(browser: ExtensionBrowser, fake_llm: FakeLLM) -> dict:
     device, the default) and "cloudy" (marked as cloud). Returns the host's config afterwards."""
     options = browser.open("options.html", width=OPTIONS_WIDTH)
     options.wait_for_selector("#app:not([hidden])")
+    options.wait_for_selector('#endpoints[data-loaded="true"]')
     for name, cloud in (("local", False), ("cloudy", True)):
         options.click("#add-endpoint")
         row = options.locator(".endpoint-row").last
