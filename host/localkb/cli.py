@@ -173,7 +173,9 @@ def cmd_search(args, out: Out) -> int:
         if args.explain:
             lines += ["", explain_table(res)]
         elif res.weaker and not res.hits:
-            lines.append(f"({len(res.weaker)} weaker matches set aside; --explain shows them)")
+            what = ("weaker matches" if any(st.status == "weaker" for st in res.statuses)
+                    else "passages below the cut-off")
+            lines.append(f"({len(res.weaker)} {what} set aside; --explain shows them)")
         return "\n".join(lines)
 
     out.emit(res.to_dict(), text)
