@@ -66,10 +66,23 @@ async function connect() {
     return;
   }
   $("app").hidden = false;
+  setReady(false);
   await Promise.all([loadKnowledgeBases(), loadEndpoints()]);
   renderModel();
   await restoreChat();
   await renderJobs();
+  setReady(true);
+}
+
+/**
+ * Asking waits until the knowledge bases and the saved chat are loaded: a question typed
+ * earlier would find no knowledge base selected, and the restored chat would replace it.
+ * @param {boolean} ready
+ */
+function setReady(ready) {
+  /** @type {HTMLTextAreaElement} */ ($("question")).disabled = !ready;
+  for (const button of $("ask").querySelectorAll("button")) /** @type {HTMLButtonElement} */ (button).disabled = !ready;
+  document.body.dataset.ready = String(ready);
 }
 
 /** @param {unknown} err */

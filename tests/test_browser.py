@@ -305,7 +305,7 @@ def endpoints(browser: ExtensionBrowser, fake_llm: FakeLLM) -> dict:
 
 def _open_panel(browser: ExtensionBrowser):
     panel = browser.open("sidepanel.html")
-    panel.wait_for_selector("#app:not([hidden])")
+    panel.wait_for_selector('body[data-ready="true"]')
     panel.click("#new-chat")
     return panel
 
