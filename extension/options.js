@@ -112,6 +112,7 @@ async function connect() {
   await guarded(loadKnowledgeBases);
   await guarded(loadEndpoints);
   await guarded(loadErrors);
+  document.body.dataset.ready = "true";
 }
 
 /** @param {unknown} err */

@@ -280,7 +280,7 @@ def endpoints(browser: ExtensionBrowser, fake_llm: FakeLLM) -> dict:
     """Two endpoints on the same loopback server, entered on the options page: "local" (on the
     device, the default) and "cloudy" (marked as cloud). Returns the host's config afterwards."""
     options = browser.open("options.html", width=OPTIONS_WIDTH)
-    options.wait_for_selector("#app:not([hidden])")
+    options.wait_for_selector('body[data-ready="true"]')
     options.wait_for_selector('#endpoints[data-loaded="true"]')
     for name, cloud in (("local", False), ("cloudy", True)):
         options.click("#add-endpoint")
@@ -445,7 +445,7 @@ def test_exported_file_imports_as_a_new_kb_with_the_same_answer(browser, saved, 
     if "kb.export" not in HANDLERS or "kb.import" not in HANDLERS:
         pytest.fail("the host has no kb.export / kb.import yet (host/localkb/portable.py is being written)")
     options = browser.open("options.html", width=OPTIONS_WIDTH)
-    options.wait_for_selector("#app:not([hidden])")
+    options.wait_for_selector('body[data-ready="true"]')
     with options.expect_download(timeout=WAIT_MS) as info:
         options.get_by_role("button", name="Export Docs").click()
         options.locator("#ask-text-ok").click()  # no passphrase: a plain .awkb
@@ -480,7 +480,7 @@ def test_exported_file_imports_as_a_new_kb_with_the_same_answer(browser, saved, 
 
 def test_encrypted_export_asks_for_the_passphrase_on_import(browser, saved, tmp_module, home):
     options = browser.open("options.html", width=OPTIONS_WIDTH)
-    options.wait_for_selector("#app:not([hidden])")
+    options.wait_for_selector('body[data-ready="true"]')
     with options.expect_download(timeout=WAIT_MS) as info:
         options.get_by_role("button", name="Export Private").click()
         options.locator("#ask-text-input").fill("correct horse battery")
