@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from localkb import PROTOCOL_VERSION, __version__, protocol
+from localkb.config import Settings
 from localkb.errors import Cancelled, LocalKBError, ProtocolError
 
 EXIT_OK = 0
@@ -294,16 +295,6 @@ def setup_logging(data_dir: Path) -> logging.Logger:
     return logger
 
 
-def default_data_dir() -> Path:
-    """``LOCALKB_HOME`` if set, else the per-user data directory."""
-    env = os.environ.get("LOCALKB_HOME")
-    if env:
-        return Path(env).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_data_dir("localkb", appauthor=False))
-
-
 def _fallback_status(data: dict, ctx: Context) -> dict:
     return {
         "host_version": __version__,
@@ -335,7 +326,7 @@ def main(argv: Sequence[str] | None = None, *, handlers: Mapping[str, Handler] |
     frames_out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    log = setup_logging(default_data_dir())
+    log = setup_logging(Settings.from_env().data_dir)
     log.info("started by %r", list(argv or []))
     table = handlers if handlers is not None else _default_handlers(log)
     try:
