@@ -26,6 +26,13 @@ const state = {
   /** @type {{kb: any, offset: number, total: number} | null} */ sources: null,
 };
 
+/**
+ * "1 source", "3 sources": a count with its noun in singular or plural.
+ * @param {number} n
+ * @param {string} word
+ */
+const count = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
+
 // ---- small dialogs ----
 
 /**
@@ -248,7 +255,7 @@ async function rename(kb) {
 /** @param {any} kb */
 async function deleteKb(kb) {
   const ok = await confirmAction(
-    `Delete "${kb.name}" with its ${kb.sources ?? 0} sources and ${kb.chunks ?? 0} passages? This cannot be undone; export it first to keep a copy.`,
+    `Delete "${kb.name}" with its ${count(kb.sources ?? 0, "source")} and ${count(kb.chunks ?? 0, "passage")}? This cannot be undone; export it first to keep a copy.`,
   );
   if (!ok) return;
   await host.request("kb.delete", { kb: kb.id });
@@ -277,13 +284,13 @@ async function openSources(kb, offset) {
         el("span", { class: "title" }, s.url && /^https?:/i.test(s.url) ? el("a", { href: s.url, target: "_blank", rel: "noopener noreferrer", text: s.title || s.url }) : s.title || s.url || "untitled"),
         el("span", {
           class: "meta",
-          text: [s.type, `${s.chunks ?? 0} passages`, s.captured_by, formatDate(s.added_at)].filter(Boolean).join(" · "),
+          text: [s.type, count(s.chunks ?? 0, "passage"), s.captured_by, formatDate(s.added_at)].filter(Boolean).join(" · "),
         }),
         button("Remove", `Remove ${s.title || s.url}`, async () => {
-          const ok = await confirmAction(`Remove "${s.title || s.url}" and its ${s.chunks ?? 0} passages from ${kb.name}?`, "Remove");
+          const ok = await confirmAction(`Remove "${s.title || s.url}" and its ${count(s.chunks ?? 0, "passage")} from ${kb.name}?`, "Remove");
           if (!ok) return;
           const { removed_chunks: removed } = await host.request("source.remove", { kb: kb.id, source: s.id });
-          flash(`Removed ${s.title || s.url} (${removed} passages).`);
+          flash(`Removed ${s.title || s.url} (${count(removed, "passage")}).`);
           await loadKnowledgeBases();
           const last = Math.max(0, total - 2);
           await openSources(kb, Math.min(offset, last - (last % SOURCES_PAGE)));
@@ -404,7 +411,6 @@ async function importFile() {
     }
   }
   const kb = result.knowledge_base;
-  const count = (/** @type {number} */ n, /** @type {string} */ word) => `${n} ${word}${n === 1 ? "" : "s"}`;
   flash(`Imported ${kb?.name ?? "the knowledge base"}: ${count(result.sources, "source")}, ${count(result.chunks, "passage")}.`);
   /** @type {HTMLFormElement} */ ($("import-form")).reset();
   await loadKnowledgeBases();

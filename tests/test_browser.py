@@ -88,6 +88,22 @@ SECRET_HTML = f"""<!doctype html>
 </article></main></body></html>
 """
 QUESTION = f"What does {ERR_CODE} mean?"
+GARAGE_HTML = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Garage opening hours</title></head>
+<body><main><article><h1>Garage opening hours</h1>
+<p>The garage on Hill Valley Road opens at seven in the morning on weekdays and closes at six in
+the evening. On Saturdays it opens at nine and closes at one; it stays closed on Sundays.</p>
+<p>Bring the service booklet and the spare key when you drop the car off for an inspection.</p>
+</article></main></body></html>
+"""
+TOOLBAR_HTML = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Hoverboard charging guide</title></head>
+<body><main><article><h1>Hoverboard charging guide</h1>
+<p>Charge the hoverboard for three hours before its first ride, and never leave it charging
+overnight near water. A blinking green light means the battery is balancing its cells.</p>
+<p>Store it at half charge when it will not be ridden for a month or more.</p>
+</article></main></body></html>
+"""
 OPTIONS_WIDTH = 1100  # the options page opens in a tab, not in the narrow side panel
 
 
@@ -114,6 +130,8 @@ def pages(tmp_module: Path) -> Iterator[PageServer]:
         "/flux.html": ("text/html; charset=utf-8", FLUX_HTML.encode()),
         "/manual.pdf": ("application/pdf", pdf),
         "/private.html": ("text/html; charset=utf-8", SECRET_HTML.encode()),
+        "/garage.html": ("text/html; charset=utf-8", GARAGE_HTML.encode()),
+        "/toolbar.html": ("text/html; charset=utf-8", TOOLBAR_HTML.encode()),
     }
     with PageServer(routes) as server:
         yield server
@@ -511,7 +529,224 @@ def test_encrypted_export_asks_for_the_passphrase_on_import(browser, saved, tmp_
     assert any("PINEAPPLE-4471" in r["text"] for r in rows)
 
 
-# ---------------------------------------------------------------- 4. no host
+# ---------------------------------------------------------------- 4. options page and "Add this tab"
+
+
+def _options_page(browser: ExtensionBrowser):
+    options = browser.open("options.html", width=OPTIONS_WIDTH)
+    options.wait_for_selector('body[data-ready="true"]')
+    return options
+
+
+def _count(n: int, word: str) -> str:
+    """How the pages count things: "1 passage", "3 passages"."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _listed_kb(browser: ExtensionBrowser, kb_id: str) -> dict | None:
+    """The knowledge base as the host's kb.list reports it now (None once deleted)."""
+    return next((kb for kb in _host(browser, "kb.list")["knowledge_bases"] if kb["id"] == kb_id), None)
+
+
+@pytest.fixture(scope="module")
+def scratch(browser: ExtensionBrowser, saved: dict, pages: PageServer) -> dict:
+    """A knowledge base of its own for the options-page tests (renamed, emptied and deleted
+    there), holding the flux page and the PDF, saved through the menu."""
+    kb = _host(browser, "kb.create", {"name": "Scratch", "privacy": "device"})["knowledge_base"]
+    page_job = _menu_click(browser, {"menuItemId": f"save-page@{kb['id']}"}, saved["flux_tab"])
+    link = {"menuItemId": f"save-link@{kb['id']}", "linkUrl": pages.url("/manual.pdf")}
+    pdf_job = _menu_click(browser, link, saved["flux_tab"])
+    assert page_job["state"] == "done" and pdf_job["state"] == "done", (page_job, pdf_job)
+    return kb
+
+
+def test_options_page_shows_counts_renames_and_changes_privacy(browser, scratch, home):
+    from playwright.sync_api import expect
+
+    options = _options_page(browser)
+    flash = options.locator("#flash")
+    row = options.locator(f'#kb-table tr[data-kb="{scratch["id"]}"]')
+    listed = _listed_kb(browser, scratch["id"])
+    assert listed["sources"] == 2 and listed["chunks"] >= 2, listed
+    cells = row.locator("td").all_inner_texts()
+    assert [cells[0], cells[2], cells[3]] == ["Scratch", "2", str(listed["chunks"])], cells
+    assert options.get_by_label("Privacy of Scratch").input_value() == "device"
+
+    options.get_by_role("button", name="Rename Scratch", exact=True).click()
+    assert options.locator("#ask-text-input").input_value() == "Scratch"  # starts from the old name
+    options.locator("#ask-text-input").fill("Not this name")
+    options.locator('#ask-text button[value="cancel"]').click()
+    expect(options.locator("#ask-text")).to_be_hidden()
+    assert _listed_kb(browser, scratch["id"])["name"] == "Scratch"  # cancel renames nothing
+
+    options.get_by_role("button", name="Rename Scratch", exact=True).click()
+    options.locator("#ask-text-input").fill("  Scratch notes ")
+    options.locator("#ask-text-ok").click()
+    expect(flash).to_have_text("Renamed to Scratch notes.", timeout=WAIT_MS)
+    expect(row.locator("td").first).to_have_text("Scratch notes", timeout=WAIT_MS)
+    assert _listed_kb(browser, scratch["id"])["name"] == "Scratch notes"
+
+    options.get_by_label("Privacy of Scratch notes").select_option("cloud")
+    expect(flash).to_have_text("Scratch notes is now cloud OK.", timeout=WAIT_MS)
+    assert _listed_kb(browser, scratch["id"])["privacy"] == "cloud"
+    stored = catalog_rows(home, "SELECT name, privacy FROM kbs WHERE id = ?", (scratch["id"],))
+    assert [tuple(r) for r in stored] == [("Scratch notes", "cloud")]
+    options.close()
+
+
+def test_options_page_lists_sources_with_counts_and_removes_one(browser, scratch, home):
+    from playwright.sync_api import expect
+
+    options = _options_page(browser)
+    row = options.locator(f'#kb-table tr[data-kb="{scratch["id"]}"]')
+    before = _listed_kb(browser, scratch["id"])
+    options.get_by_role("button", name="Show the sources of Scratch notes", exact=True).click()
+    expect(options.locator("#sources-title")).to_have_text("Sources in Scratch notes", timeout=WAIT_MS)
+    items = options.locator("#sources-list li[data-source]")
+    expect(items).to_have_count(2, timeout=WAIT_MS)
+    expect(options.locator("#sources-page")).to_have_text("1–2 of 2")
+    listed = _host(browser, "source.list", {"kb": scratch["id"]})
+    by_id = {s["id"]: s for s in listed["sources"]}
+    for item in items.all():
+        source = by_id[item.get_attribute("data-source")]
+        assert item.locator(".title").inner_text() == source["title"]
+        meta = item.locator(".meta").inner_text()
+        passages = _count(source["chunks"], "passage")
+        assert meta.startswith(f"{source['type']} · {passages} · context-menu · "), meta
+    assert sum(s["chunks"] for s in by_id.values()) == before["chunks"]
+
+    pdf = next(s for s in by_id.values() if s["url"].endswith("/manual.pdf"))
+    page = next(s for s in by_id.values() if s["id"] != pdf["id"])
+    remove = options.locator(f'#sources-list li[data-source="{pdf["id"]}"] button:text-is("Remove")')
+    confirm = options.locator("#confirm")
+    remove.click()
+    expect(confirm).to_be_visible()
+    assert options.locator("#confirm-text").inner_text() == (
+        f'Remove "{pdf["title"]}" and its {_count(pdf["chunks"], "passage")} from Scratch notes?')
+    assert options.locator("#confirm-ok").inner_text() == "Remove"
+    options.locator('#confirm button[value="cancel"]').click()
+    expect(confirm).to_be_hidden()
+    assert _host(browser, "source.list", {"kb": scratch["id"]})["total"] == 2  # cancel removes nothing
+
+    remove.click()
+    options.locator("#confirm-ok").click()
+    removed = f"Removed {pdf['title']} ({_count(pdf['chunks'], 'passage')})."
+    expect(options.locator("#flash")).to_have_text(removed, timeout=WAIT_MS)
+    expect(items).to_have_count(1, timeout=WAIT_MS)
+    assert items.first.get_attribute("data-source") == page["id"]
+    after = _host(browser, "source.list", {"kb": scratch["id"]})
+    assert after["total"] == 1 and [s["id"] for s in after["sources"]] == [page["id"]]
+    assert _listed_kb(browser, scratch["id"])["chunks"] == before["chunks"] - pdf["chunks"]
+    expect(row.locator("td").nth(2)).to_have_text("1", timeout=WAIT_MS)
+    expect(row.locator("td").nth(3)).to_have_text(str(page["chunks"]), timeout=WAIT_MS)
+    assert catalog_rows(home, "SELECT id FROM chunks WHERE source_id = ?", (pdf["id"],)) == []
+    options.close()
+
+
+def test_options_page_deletes_a_kb_only_after_confirmation(browser, scratch, home):
+    from playwright.sync_api import expect
+
+    options = _options_page(browser)
+    row = options.locator(f'#kb-table tr[data-kb="{scratch["id"]}"]')
+    listed = _listed_kb(browser, scratch["id"])
+    confirm = options.locator("#confirm")
+    options.get_by_role("button", name="Delete Scratch notes", exact=True).click()
+    expect(confirm).to_be_visible()
+    # One source is left after the last test: the question reads "1 source", not "1 sources".
+    assert listed["sources"] == 1
+    assert options.locator("#confirm-text").inner_text().startswith(
+        f'Delete "Scratch notes" with its 1 source and {_count(listed["chunks"], "passage")}? ')
+    options.locator('#confirm button[value="cancel"]').click()
+    expect(confirm).to_be_hidden()
+    assert _listed_kb(browser, scratch["id"]) is not None and row.is_visible()  # cancel deletes nothing
+
+    options.get_by_role("button", name="Delete Scratch notes", exact=True).click()
+    options.locator("#confirm-ok").click()
+    expect(options.locator("#flash")).to_have_text("Deleted Scratch notes.", timeout=WAIT_MS)
+    expect(row).to_have_count(0, timeout=WAIT_MS)
+    assert _listed_kb(browser, scratch["id"]) is None
+    assert catalog_rows(home, "SELECT id FROM kbs WHERE id = ?", (scratch["id"],)) == []
+    assert catalog_rows(home, "SELECT id FROM chunks WHERE kb_id = ?", (scratch["id"],)) == []
+    assert catalog_rows(home, "SELECT id FROM sources WHERE kb_id = ?", (scratch["id"],)) == []
+    options.close()
+
+
+@pytest.fixture(scope="module")
+def tabs_kb(browser: ExtensionBrowser, saved: dict) -> dict:
+    """A knowledge base that only "Add this tab" saves to."""
+    return _host(browser, "kb.create", {"name": "Tabs", "privacy": "device"})["knowledge_base"]
+
+
+def _finished_job(panel, title: str):
+    """The panel's status-list entry of a finished save of the page titled ``title``."""
+    job = panel.locator('#jobs .job:is([data-state="done"], [data-state="failed"])',
+                        has=panel.locator(".title", has_text=title))
+    job.first.wait_for()
+    return job.first
+
+
+def test_side_panel_add_this_tab_saves_the_active_tab_and_shows_the_report(browser, pages, tabs_kb, home):
+    panel = _open_panel(browser)
+    # The real panel sits beside the active tab of its window. Here the panel page is itself a
+    # tab, so the served page opens as the active tab of the panel's window, and the panel's
+    # own button runs its whole path: windows.getCurrent -> worker -> that window's active tab.
+    window_id = panel.evaluate("async () => (await chrome.tabs.getCurrent()).windowId")
+    url = pages.url("/garage.html")
+    with browser.context.expect_page() as opened:
+        tab = browser.worker_eval("([url, windowId]) => chrome.tabs.create({url, windowId, active: true})",
+                                  [url, window_id])
+    opened.value.wait_for_load_state()
+    active = browser.worker_eval("(windowId) => chrome.tabs.query({active: true, windowId})", window_id)
+    assert [t["id"] for t in active] == [tab["id"]]
+    panel.select_option("#add-to", tabs_kb["id"])
+    panel.click("#add-tab")
+
+    job = _finished_job(panel, "Garage opening hours")
+    line = job.locator(".line").inner_text()
+    match = re.fullmatch(r"Tabs: (\d+) added", line)
+    assert match and job.get_attribute("data-state") == "done", line
+    added = int(match.group(1))
+    rows = catalog_rows(home, "SELECT id, captured_by, chunk_count, title FROM sources "
+                              "WHERE kb_id = ? AND url = ?", (tabs_kb["id"], url))
+    assert [(r["captured_by"], r["title"], r["chunk_count"]) for r in rows] == [
+        ("side-panel", "Garage opening hours", added)]
+    chunks = catalog_rows(home, "SELECT text FROM chunks WHERE source_id = ?", (rows[0]["id"],))
+    assert len(chunks) == added and any("Hill Valley Road" in c["text"] for c in chunks)
+    assert browser.worker_eval("(tabId) => chrome.action.getBadgeText({tabId})", tab["id"]) == f"+{added}"
+    _shot(panel, "sidepanel-add-tab.png")
+    panel.close()
+    opened.value.close()
+
+
+def test_toolbar_add_this_tab_saves_to_the_default_kb_and_reports(browser, pages, tabs_kb, home):
+    from playwright.sync_api import expect
+
+    # The default knowledge base is chosen on the options page; the toolbar saves there.
+    options = _options_page(browser)
+    options.get_by_role("button", name="Save to Tabs from the right-click menu", exact=True).click()
+    row = options.locator(f'#kb-table tr[data-kb="{tabs_kb["id"]}"]')
+    expect(row).to_have_class("default", timeout=WAIT_MS)
+    options.close()
+    assert browser.worker_eval("() => chrome.storage.local.get('defaultKb')")["defaultKb"] == tabs_kb["id"]
+
+    url = pages.url("/toolbar.html")
+    tab = _open_tab(browser, url)
+    # "Add this tab to LocalKB" on the toolbar button's menu: the worker's own click handler.
+    job = _menu_click(browser, {"menuItemId": "save-tab"}, tab)
+    assert job["state"] == "done" and job["capturedBy"] == "toolbar" and job["kbName"] == "Tabs", job
+    added = job["report"]["added"]
+    assert added >= 1 and job["text"] == f"{added} added"
+    assert browser.worker_eval("(tabId) => chrome.action.getBadgeText({tabId})", tab["id"]) == f"+{added}"
+    rows = catalog_rows(home, "SELECT captured_by, chunk_count FROM sources WHERE kb_id = ? AND url = ?",
+                        (tabs_kb["id"], url))
+    assert [tuple(r) for r in rows] == [("toolbar", added)]
+    panel = _open_panel(browser)
+    line = _finished_job(panel, "Hoverboard charging guide").locator(".line").inner_text()
+    assert line == f"Tabs: {added} added"
+    panel.close()
+
+
+# ---------------------------------------------------------------- 5. no host
 
 
 def test_panel_without_a_host_shows_the_install_command(pw, tmp_path):
