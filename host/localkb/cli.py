@@ -470,14 +470,15 @@ def cmd_config_endpoint(args, out: Out) -> int:
 
 def cmd_model_build(args, out: Out) -> int:
     from . import modelbuild
-    from .embed import _build_lock, select_minilm
+    from .embed import select_minilm
+    from .errors import EmbeddingUnavailable
 
     settings = Settings.from_env()
     folder = settings.models_root / "minilm-built"
-    folder.mkdir(parents=True, exist_ok=True)
-    with _build_lock(folder):
-        info = modelbuild.build(folder, force=args.force)
-    chosen = select_minilm(settings)
+    chosen = select_minilm(settings, force_build=args.force)
+    if "fallback" in chosen.selection:  # the embedder would fall back; this command reports failure
+        raise EmbeddingUnavailable(chosen.selection["fallback"])
+    info = modelbuild.read_build_info(folder) or {}
     result = {"folder": str(folder), "verified": info.get("verified"),
               "verification": info.get("verification"), "outputs": info.get("outputs"),
               "chosen": chosen.describe()}

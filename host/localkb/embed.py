@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import EmbeddingUnavailable, InvalidInput
+from .locks import FileLock
 
 MINILM_ID = "all-MiniLM-L6-v2"
 HASHING_ID = "hashing-256"
@@ -348,7 +349,7 @@ class EmbedderRegistry:
 VARIANTS = ("packaged-int8", "built-int8", "built-fp32")
 
 
-def select_minilm(settings) -> MiniLMEmbedder:
+def select_minilm(settings, *, force_build: bool = False) -> MiniLMEmbedder:
     """The fastest verified MiniLM variant on this machine, or the one ``LOCALKB_MODEL_VARIANT`` forces.
 
     The first call builds our own fp32 and per-channel int8 models from the shipped
@@ -369,8 +370,9 @@ def select_minilm(settings) -> MiniLMEmbedder:
     built_dir = settings.models_root / "minilm-built"
     try:
         built_dir.mkdir(parents=True, exist_ok=True)
-        with _build_lock(built_dir):
-            info = modelbuild.build(built_dir)
+        # Two hosts starting at once must not build into the same folder together.
+        with FileLock(built_dir / ".build.lock").hold():
+            info = modelbuild.build(built_dir, force=force_build)
         paths = modelbuild.variant_paths(built_dir)
         if forced:
             choice, speeds = forced, {}
@@ -394,22 +396,3 @@ def select_minilm(settings) -> MiniLMEmbedder:
         emb = MiniLMEmbedder(**common)
         emb.selection = {"fallback": f"the built model could not be used: {err}"}
         return emb
-
-
-class _build_lock:
-    """Serialise model builds across processes (two hosts starting at once)."""
-
-    def __init__(self, folder: Path) -> None:
-        self.path = folder / ".build.lock"
-
-    def __enter__(self) -> None:
-        import fcntl
-        import os
-
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-
-    def __exit__(self, *exc: object) -> None:
-        import os
-
-        os.close(self.fd)

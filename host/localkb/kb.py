@@ -9,16 +9,13 @@ search never runs on a stale or partial index without saying so.
 
 from __future__ import annotations
 
-import fcntl
-import os
 import re
 import shutil
 import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,44 +27,17 @@ from .config import Settings
 from .embed import Embedder, EmbedderRegistry
 from .errors import (
     Conflict,
-    IndexUnavailable,
     InvalidInput,
     KnowledgeBaseNotFound,
     LocalKBError,
     ModelMismatch,
 )
 from .keywords import KeywordIndex
+from .locks import FileLock
 from .vectors import VectorIndex
 
 PRIVACY = ("device", "cloud")
 _NAME = re.compile(r"^[^\x00-\x1f/\\]{1,80}$")
-
-
-class StoreLock:
-    """One writer at a time across threads (RLock) and processes (flock on a file)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._rlock = threading.RLock()
-        self._depth = 0
-        self._fd: int | None = None
-
-    @contextmanager
-    def hold(self) -> Iterator[None]:
-        with self._rlock:
-            if self._depth == 0:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                self._fd = fd
-            self._depth += 1
-            try:
-                yield
-            finally:
-                self._depth -= 1
-                if self._depth == 0 and self._fd is not None:
-                    fcntl.flock(self._fd, fcntl.LOCK_UN)
-                    os.close(self._fd)
-                    self._fd = None
 
 
 @dataclass
@@ -89,7 +59,7 @@ class Store:
         self.root = settings.data_dir
         self.root.mkdir(parents=True, exist_ok=True)
         self.catalog = Catalog(self.root / "catalog.sqlite")
-        self.lock = StoreLock(self.root / "store.lock")
+        self.lock = FileLock(self.root / "store.lock")
         self.models = EmbedderRegistry(settings)
         self._open: dict[str, KnowledgeBase] = {}
         self._open_lock = threading.Lock()
@@ -181,6 +151,15 @@ class Store:
         self.catalog.close()
 
 
+def _usable(load: Callable[[], VectorIndex | KeywordIndex], gen: int, pruned: int):
+    """The saved index if the change log can bring it to ``gen``; None means rebuild it."""
+    try:
+        index = load()
+    except LocalKBError:
+        return None
+    return index if pruned <= index.generation <= gen else None
+
+
 def _check_name(name: object) -> str:
     if not isinstance(name, str) or not _NAME.match(name.strip()):
         raise InvalidInput("a knowledge base name is 1-80 characters, without / \\ or control characters")
@@ -262,18 +241,9 @@ class KnowledgeBase:
         gen = self.catalog.generation(self.id)
         pruned = self._pruned_through()
         done = {"vectors": "ok", "keywords": "ok"}
-        try:
-            vi = VectorIndex.load(self.vector_path, self.record.model, self.record.dim)
-            if vi.generation > gen or vi.generation < pruned:
-                raise IndexUnavailable("vector index generation cannot be caught up")
-        except LocalKBError:
-            vi = None
-        try:
-            ki = KeywordIndex.load(self.keyword_path)
-            if ki.generation > gen or ki.generation < pruned:
-                raise IndexUnavailable("keyword index generation cannot be caught up")
-        except LocalKBError:
-            ki = None
+        vi = _usable(lambda: VectorIndex.load(self.vector_path, self.record.model, self.record.dim),
+                     gen, pruned)
+        ki = _usable(lambda: KeywordIndex.load(self.keyword_path), gen, pruned)
         if vi is None:
             vi = self._rebuild_vectors(gen)
             done["vectors"] = "rebuilt"
