@@ -12,8 +12,8 @@ from localkb.evaluate import run_eval
 from localkb.extract import extract_text
 from localkb.hybrid import rrf
 from localkb.ingest import add_document, ingest_documents
-from localkb.keywords import KeywordIndex, query_terms
-from localkb.search import Searcher, fetch_k, status_line
+from localkb.keywords import KeywordHit, KeywordIndex, query_terms
+from localkb.search import Searcher, fetch_k, keyword_weight, status_line
 
 CODES = REPO / "evals" / "codes"
 
@@ -140,6 +140,38 @@ def test_fetch_k_and_rrf():
     assert fused["a"] == fused["b"] == pytest.approx((1 / 61 + 1 / 62) / (2 / 61))
     assert fused["c"] == pytest.approx((1 / 63) / (2 / 61))
     assert rrf({"vector": ["x"]})["x"] == 1.0
+    # A list at weight w counts w/(60 + rank); the scale stays "first everywhere at full weight".
+    weighted = rrf({"vector": ["a", "b"], "keyword": ["b", "a"]}, 60, {"keyword": 0.4})
+    assert weighted["a"] == pytest.approx((1 / 61 + 0.4 / 62) / (2 / 61))
+    assert weighted["a"] > weighted["b"]
+
+
+def test_keyword_weight_follows_the_best_hits_share_of_the_query():
+    def hit(n):
+        return KeywordHit("c", 1.0, frozenset(f"t{i}" for i in range(n)))
+
+    assert keyword_weight([hit(1), hit(3)], 6) == 1.0  # half the terms: a real keyword match
+    assert keyword_weight([hit(1)], 5) == pytest.approx(0.4)  # one shared word of five
+    assert keyword_weight([], 5) == 1.0 and keyword_weight([hit(1)], 0) == 1.0
+
+
+def test_one_shared_word_does_not_outvote_a_clear_vector_match(store, kb):
+    """q18 of the code-heavy set: 'release' is in every release note's title.
+
+    The keyword list holds only that one word of five, ordered by page length; at full
+    weight its rank 2 beat the vector side's clear first (cosine 0.60 against 0.41).
+    """
+    notes = {
+        "v2.3.1": "v2.3.1 is a hotfix for a crash on startup on machines with more than one monitor.",
+        "v3.2": "Version v3.2 removed the legacy sync API. Integrations must move to the events API "
+                "before upgrading.",
+        "v3.3": "Version v3.3 introduced dark mode and keyboard shortcuts for the editor.",
+    }
+    for version, text in notes.items():
+        add_document(kb, extract_text(text, title=f"Release notes {version}"), key=f"notes:{version}")
+    res = search(store, "which release dropped the old synchronisation interface")
+    assert res.hits[0].title == "Release notes v3.2", [(h.title, h.score, h.lists) for h in res.hits]
+    assert res.trace["kbs"][kb.id]["weights"]["keyword"] == pytest.approx(0.4)
 
 
 def _bulk(kb, n: int, topic: str):
@@ -177,14 +209,16 @@ def test_cli_explain_draws_the_cutoff(tmp_path):
     out = run_cli(["search", "Docs", "SKU-88-A warranty", "--explain"], home).stdout
     assert "Docs · 1 passage" in out
     assert "cut-off 0.35" in out and "─" in out and "vector+keyword" in out
+    assert "lists (Docs): vector 1 at weight 1, keyword 1 at weight 1, exact 1 at weight 1" in out
 
 
 def test_code_heavy_eval_meets_its_floor():
     res = run_eval(CODES)
     hybrid = res["modes"]["hybrid"]
-    # Issue 3 asks for 0.95. Measured: 26 of 28 (0.929): two paraphrases (q18, q26) have the
-    # right passage at rank 2-3. The floor guards what is achieved, not what was asked.
-    assert hybrid["overall"]["recall@1"] >= 0.92, hybrid
+    # Measured 27 of 28 (0.964). The one miss, q26 ("recover a file I deleted two months
+    # ago" -> the nightly-backup page), shares no word with its answer and MiniLM puts it
+    # third (cosine 0.18): no fusion can fix that, only a better model.
+    assert hybrid["overall"]["recall@1"] >= 0.95, hybrid
     assert hybrid["by_kind"]["exact"]["recall@1"] == 1.0, hybrid
     assert res["failed_documents"] == []
 

@@ -189,8 +189,13 @@ def _f(x: float | None) -> str:
 def explain_table(res) -> str:
     """Every candidate with fused score, cosine, BM25 and lists, the cut-off drawn across."""
     rows = sorted(res.hits + res.weaker, key=lambda h: (h.cosine or -1), reverse=True)
-    lines = [f"terms: {' '.join(res.terms) or '(none)'}    cut-off {res.cutoff:.2f} on cosine",
-             f"{'cos':>6} {'fused':>6} {'bm25':>7} {'terms':>5}  {'lists':15} {'':3} passage"]
+    lines = [f"terms: {' '.join(res.terms) or '(none)'}    cut-off {res.cutoff:.2f} on cosine"]
+    for kb_id, t in res.trace.get("kbs", {}).items():
+        if t.get("weights"):
+            name = next((s.kb_name for s in res.statuses if s.kb == kb_id), kb_id)
+            lines.append(f"lists ({name}): " + ", ".join(
+                f"{n} {t['candidates'].get(n, 0)} at weight {w:g}" for n, w in t["weights"].items()))
+    lines += [f"{'cos':>6} {'fused':>6} {'bm25':>7} {'terms':>5}  {'lists':15} {'':3} passage"]
     drawn = False
     for h in rows:
         if not drawn and (h.cosine is None or h.cosine < res.cutoff):

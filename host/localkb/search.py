@@ -20,7 +20,7 @@ from .catalog import blob_vector, vector_key
 from .errors import EmbeddingUnavailable, InvalidInput, LocalKBError
 from .hybrid import rrf
 from .kb import KnowledgeBase, Store
-from .keywords import is_identifier, query_terms
+from .keywords import KeywordHit, is_identifier, query_terms
 
 MODES = ("hybrid", "vector", "keyword")
 #: Below the cut-off by at most this much, a hit is a "weaker match"; further down it is noise.
@@ -31,6 +31,18 @@ MAX_K = 100
 def fetch_k(k: int) -> int:
     """How many candidates each list fetches: min(200, max(k, 4k, 20))."""
     return min(200, max(k, 4 * k, 20))
+
+
+def keyword_weight(hits: Sequence[KeywordHit], n_terms: int) -> float:
+    """The keyword list's weight in the fusion: 1 when its best hit holds at least half the query terms.
+
+    Below that, the list is evidence of one shared word, not of the question (its
+    order is mostly BM25's length normalisation among pages sharing that word), so
+    it counts in proportion: twice the best hit's share of the query terms.
+    """
+    if not hits or n_terms <= 0:
+        return 1.0
+    return min(1.0, 2 * max(h.matched for h in hits) / n_terms)
 
 
 @dataclass
@@ -215,6 +227,7 @@ class Searcher:
                             message="the knowledge base has no passages"), []
         want = fetch_k(k)
         lists: dict[str, list[int]] = {}
+        weights: dict[str, float] = {}
         sims: dict[int, float] = {}
         bm25: dict[int, tuple[float, int]] = {}
         qvec: np.ndarray | None = None
@@ -246,6 +259,7 @@ class Searcher:
                 kb.catalog.log_error("rag-retrieval", err.code, str(err), kb_id=kb.id)
                 t["keyword_error"] = str(err)
             lists["keyword"] = [vector_key(h.chunk_id) for h in khits]
+            weights["keyword"] = keyword_weight(khits, len(terms))
             bm25.update((vector_key(h.chunk_id), (h.bm25, h.matched)) for h in khits)
             codes = {t for t in terms if is_identifier(t)}
             if codes:
@@ -268,7 +282,7 @@ class Searcher:
                                  f"vector search could not run, keyword results only: {embed_error}",
                                  kb_id=kb.id)
         t0 = time.perf_counter()
-        fused = rrf(lists, self.store.settings.rrf_k)
+        fused = rrf(lists, self.store.settings.rrf_k, weights)
         rows = kb.catalog.hits_by_vkey(kb.id, list(fused))
         hits: list[Hit] = []
         need_terms = len(terms) / 2
@@ -292,6 +306,7 @@ class Searcher:
                 relevant=relevant, degraded=degraded))
         t["fuse_ms"] = _ms(t0)
         t["candidates"] = {n: len(v) for n, v in lists.items()}
+        t["weights"] = {n: round(weights.get(n, 1.0), 3) for n in lists}
         if rerank and self.reranker is not None:
             t0 = time.perf_counter()
             top = hits[: self.reranker.top]
