@@ -27,6 +27,7 @@ from localkb.chat import (
     ChatOptions,
     Confirmations,
     Turn,
+    _join_overlapping,
     build_messages,
     check_citations,
     fallback_rewrite,
@@ -193,6 +194,56 @@ def test_the_prompt_fences_numbered_passages_with_sources_and_the_idk_instructio
     block = user.split(f"<<<BEGIN PASSAGE 1 {nonce}>>>", 1)[1].split(f"<<<END PASSAGE 1 {nonce}>>>")[0]
     assert "Source: Green tea — https://example.org/green-tea" in block and TEA in block
     assert user.rstrip().endswith(f"Question: {QUESTION}")
+
+
+def test_the_model_gets_each_passage_with_its_neighbours_once(store, kb):
+    """Passages are short (96 tokens) for the embedder; the model reads them in context."""
+    # Short sentences in one paragraph: the chunker splits between sentences and repeats
+    # the last one or two at the start of the next passage (the overlap).
+    sentences = [
+        "The tea room opened in 1921.", "It stands on the old market square.",
+        "Its first owner imported leaves from Darjeeling.", "Regulars leave notes on the counter.",
+        "Some notes are still pinned above the till.", "A piano stands in the reading corner.",
+        "The piano was tuned last spring.", "Children may play it on Sundays.",
+        "The walls are painted a pale green.", "Old maps of the town hang by the door.",
+        "The windows face south.", "Plants grow on every sill.",
+        "Green tea is brewed here at exactly 80 degrees Celsius.", "It steeps for two minutes.",
+        "Boiling water scorches the leaves.", "The kettle has a thermometer.",
+        "Scones are served in winter.", "Fruit tarts are served in summer.",
+        "A spiced cake is baked in autumn.", "The shop closes on Mondays.",
+        "The staff clean the copper kettles then.", "Deliveries arrive by bicycle.",
+        "The station is on the far side of town.", "The owner walks there every morning.",
+        "The shop sells tins of loose leaves.", "Gift boxes are wrapped in brown paper.",
+        "A loyalty card gives every tenth cup free.", "The card is stamped with a teapot.",
+    ]
+    add_capture(kb, url="https://example.org/tea-room", title="The tea room",
+                text=" ".join(sentences))
+    rows = store.catalog.chunk_rows(kb.id)
+    assert len(rows) >= 3, "the page must span several passages for this test"
+    with FakeLLM(reply="80 °C [1].") as llm:
+        res = run_turn(store, ["Docs"], "At what temperature is green tea brewed in the tea room?",
+                       endpoint=endpoint(llm))
+        user = llm.requests[0]["messages"][-1]["content"]
+    nonce = user.split("marker ", 1)[1].split(".", 1)[0]
+    block = user.split(f"<<<BEGIN PASSAGE 1 {nonce}>>>", 1)[1].split(f"<<<END PASSAGE 1 {nonce}>>>")[0]
+    cited = res.citations[0]["text"]
+    assert "80 degrees Celsius" in cited
+    assert all(sentence in block for sentence in sentences if sentence in cited)
+    hit_idx = next(r["idx"] for r in rows if r["text"] == cited)
+    around = [r["text"] for r in rows if abs(r["idx"] - hit_idx) == 1]
+    assert around, "the passage has neighbours"
+    for text in around:  # each neighbour is there, its overlap with the passage not repeated
+        assert text.split()[-1] in block and text.split()[0] in block
+    for sentence in sentences:  # the overlap between passages is not repeated
+        assert block.count(sentence) <= 1, sentence
+    assert len(block) > len(cited) * 1.5
+
+
+def test_join_overlapping_drops_only_the_repeated_words():
+    assert _join_overlapping("a b. c d.", "c d. e f.") == "a b. c d. e f."
+    assert _join_overlapping("a b", "a b") == "a b"
+    assert _join_overlapping("a b", "x y") == "a b\nx y"
+    assert _join_overlapping("", "x") == "x"
 
 
 def test_a_passage_cannot_close_its_own_fence():

@@ -250,6 +250,12 @@ class Catalog:
                 f"WHERE c.id IN ({marks})", part).fetchall()
         return rows
 
+    def passage_window(self, source_id: str, idx: int, radius: int) -> list[sqlite3.Row]:
+        """The passages of one source from ``idx - radius`` to ``idx + radius``, in order."""
+        return self.db.execute(
+            "SELECT idx, text, page FROM chunks WHERE source_id = ? AND idx BETWEEN ? AND ? "
+            "ORDER BY idx", (source_id, idx - radius, idx + radius)).fetchall()
+
     def hits_by_vkey(self, kb_id: str, vkeys: list[int]) -> dict[int, sqlite3.Row]:
         out: dict[int, sqlite3.Row] = {}
         for start in range(0, len(vkeys), 500):

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from .catalog import KBRecord
+from .catalog import Catalog, KBRecord
 from .errors import Cancelled, InvalidInput, LLMUnavailable, LocalKBError
 from .kb import Store
 from .keywords import TOKEN_PATTERN, stopwords
@@ -55,6 +55,8 @@ MAX_HISTORY = 50
 MAX_TURN_CHARS = 32_000
 MAX_MESSAGE_CHARS = 8_000
 EXTRACTIVE_QUOTES = 3
+#: Each passage goes to the model with this many neighbours on either side (same page).
+CONTEXT_RADIUS = 1
 QUOTE_CHARS = 600
 #: How long the host waits for the user to answer a ``confirm`` event before it counts as "no".
 CONFIRM_TIMEOUT_S = 600.0
@@ -304,10 +306,43 @@ def gated_history(store: Store | None, endpoint: Endpoint | None,
 # --------------------------------------------------------------------------- prompt
 
 
+def _join_overlapping(a: str, b: str, max_words: int = 64) -> str:
+    """``a`` then ``b``, without the words ``b`` repeats from the end of ``a`` (chunk overlap)."""
+    if not a:
+        return b
+    aw, bw = a.split(), b.split()
+    for k in range(min(len(aw), len(bw), max_words), 0, -1):
+        if aw[-k:] == bw[:k]:
+            rest = b[re.match(r"\s*(?:\S+\s*){%d}" % k, b).end():]  # noqa: UP031 - a regex count
+            return f"{a} {rest}" if rest else a
+    return f"{a}\n{b}"
+
+
+def passage_context(catalog: Catalog, hit: Hit, radius: int = CONTEXT_RADIUS) -> str:
+    """The passage with its neighbours on the same page, for the model (small passages, wider context).
+
+    Passages are short because the embedder matches short passages best; the model
+    answers better with the sentences around them. Citations still point at the passage.
+    """
+    merged = ""
+    rows = catalog.passage_window(hit.source_id, hit.chunk_index, radius)
+    if not any(r["idx"] == hit.chunk_index for r in rows):
+        return hit.text  # removed since the search: send what was found
+    for row in rows:
+        if row["page"] == hit.page:
+            merged = _join_overlapping(merged, hit.text if row["idx"] == hit.chunk_index else row["text"])
+    return merged
+
+
 def build_messages(question: str, passages: Sequence[Hit], *, unavailable: Sequence[str] = (),
                    history: Sequence[Mapping[str, str]] = (), rewritten: str | None = None,
-                   tools_offered: bool = False, nonce: str | None = None) -> list[dict[str, str]]:
-    """The chat prompt: instructions, earlier turns, then the fenced passages and the question."""
+                   tools_offered: bool = False, nonce: str | None = None,
+                   contexts: Sequence[str] | None = None) -> list[dict[str, str]]:
+    """The chat prompt: instructions, earlier turns, then the fenced passages and the question.
+
+    ``contexts`` (one per passage) replaces each passage's text with the passage in its
+    surroundings (``passage_context``).
+    """
     nonce = nonce or secrets.token_hex(6)
     system = (
         "You answer questions from the user's own documents. Use only the reference passages "
@@ -326,7 +361,8 @@ def build_messages(question: str, passages: Sequence[Hit], *, unavailable: Seque
         where = hit.url or hit.file_name or ""
         page = f", page {hit.page}" if hit.page else ""
         weaker = ", a weaker match" if not hit.relevant else ""
-        body = hit.text.replace(nonce, "")  # a passage can never forge its own fence
+        text = contexts[n - 1] if contexts else hit.text
+        body = text.replace(nonce, "")  # a passage can never forge its own fence
         parts += [f"<<<BEGIN PASSAGE {n} {nonce}>>>",
                   f"Source: {hit.title}{' — ' + where if where else ''}{page} "
                   f"(knowledge base {hit.kb_name!r}{weaker})",
@@ -802,7 +838,8 @@ def run_turn(
     # save something: that needs the model whatever the search found.
     if endpoint is not None and (passages or (tools_offered and targets)):
         messages = build_messages(
-            message, passages, unavailable=[s.kb_name for s in unavailable],
+            message, passages, contexts=[passage_context(store.catalog, h) for h in passages],
+            unavailable=[s.kb_name for s in unavailable],
             history=gated_history(store, endpoint, list(history)[-HISTORY_TURNS:]),
             rewritten=query, tools_offered=tools_offered and bool(targets))
         t0 = time.perf_counter()

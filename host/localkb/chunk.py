@@ -1,4 +1,4 @@
-"""Token-aware chunking: at most 256 model tokens per passage, title prefix included.
+"""Token-aware chunking: at most N model tokens per passage (96 by default), title prefix included.
 
 Splits at headings, then paragraphs, then sentences, then words; packs the
 pieces greedily with a small overlap; never lets a chunk span two PDF pages.
@@ -134,8 +134,8 @@ def _pack(pieces: list[_Piece], budget: int, overlap: int) -> list[tuple[str, in
     return chunks
 
 
-def chunk_document(doc: Document, count: TokenCounter, *, max_tokens: int = 256,
-                   overlap: int = 32) -> list[Chunk]:
+def chunk_document(doc: Document, count: TokenCounter, *, max_tokens: int = 96,
+                   overlap: int = 16) -> list[Chunk]:
     """Chunks of ``doc`` whose ``passage_text`` fits in ``max_tokens`` model tokens."""
     prefix = title_prefix(doc.title)
     prefix_tokens = count([prefix])[0] + 1 if prefix else 0
