@@ -60,7 +60,7 @@ def build(root: Path, size: int) -> Path:
             return Document(title="", type="text", sections=[Section(text)]), f"s:{key}"
         items.append((key, load))
     t0 = time.perf_counter()
-    ingest_documents(kb, items, captured_by="api", batch_passages=2048)
+    ingest_documents(kb, items, captured_by="api", batch_tokens=524_288)
     n = store.catalog.counts(kb.id)["chunks"]
     done.write_text(json.dumps({"chunks": n, "build_s": time.perf_counter() - t0}))
     store.close()

@@ -302,11 +302,20 @@ def _flush(kb: KnowledgeBase, batch: list[_Prepared], progress: Progress | None,
     return [_report(kb, p) for p in batch]
 
 
+#: Model tokens per write batch: about 680 passages of 96 tokens. Sized in tokens, not
+#: passages, so that the per-commit cost (one SQLite transaction, one Whoosh segment)
+#: stays small against the embedding time whatever the passage size.
+BATCH_TOKENS = 65_536
+
+
 def ingest_documents(kb: KnowledgeBase, items: Iterable[tuple[str, Callable[[], tuple[Document, str]]]],
                      *, captured_by: str = "cli", progress: Progress | None = None,
-                     check_cancelled: CancelCheck | None = None, batch_passages: int = 256,
+                     check_cancelled: CancelCheck | None = None, batch_tokens: int = BATCH_TOKENS,
                      ) -> list[SourceReport]:
     """Extract, chunk, embed and write many sources, embedding and writing them in batches.
+
+    A batch closes once its passages to embed hold ``batch_tokens`` model tokens; each
+    batch is one catalogue transaction and one keyword-index commit.
 
     ``items`` yields (name, loader) where the loader returns (document, source key)
     or raises; a failing item is reported by name and never stops the others.
@@ -334,8 +343,8 @@ def ingest_documents(kb: KnowledgeBase, items: Iterable[tuple[str, Callable[[], 
             continue
         prepared.name = name
         batch.append(prepared)
-        pending += len(prepared.need)
-        if pending >= batch_passages:
+        pending += sum(prepared.chunks[i].tokens for i in prepared.need)
+        if pending >= batch_tokens:
             reports += _flush_or_fail(kb, batch, progress, check_cancelled)
             batch, pending = [], 0
     if batch:

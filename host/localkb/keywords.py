@@ -68,7 +68,8 @@ def normalize(token: str) -> str | None:
     return _stem(low)
 
 
-def index_terms(token: str) -> list[str]:
+@lru_cache(maxsize=200_000)
+def index_terms(token: str) -> tuple[str, ...]:
     """Terms a document token is indexed under: the whole token first, then its parts."""
     whole = normalize(token)
     out = [whole] if whole else []
@@ -77,7 +78,7 @@ def index_terms(token: str) -> list[str]:
             norm = normalize(part) if part else None
             if norm and norm not in out:
                 out.append(norm)
-    return out
+    return tuple(out)
 
 
 def query_terms(query: str) -> list[str]:
