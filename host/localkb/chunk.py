@@ -1,4 +1,4 @@
-"""Token-aware chunking: at most N model tokens per passage (96 by default), title prefix included.
+"""Token-aware chunking: at most N model tokens per passage (Settings: 96), title prefix included.
 
 Splits at headings, then paragraphs, then sentences, then words; packs the
 pieces greedily with a small overlap; never lets a chunk span two PDF pages.
@@ -134,9 +134,11 @@ def _pack(pieces: list[_Piece], budget: int, overlap: int) -> list[tuple[str, in
     return chunks
 
 
-def chunk_document(doc: Document, count: TokenCounter, *, max_tokens: int = 96,
-                   overlap: int = 16) -> list[Chunk]:
-    """Chunks of ``doc`` whose ``passage_text`` fits in ``max_tokens`` model tokens."""
+def chunk_document(doc: Document, count: TokenCounter, *, max_tokens: int, overlap: int) -> list[Chunk]:
+    """Chunks of ``doc`` whose ``passage_text`` fits in ``max_tokens`` model tokens.
+
+    The sizes come from ``Settings`` (``max_chunk_tokens``, ``chunk_overlap_tokens``).
+    """
     prefix = title_prefix(doc.title)
     prefix_tokens = count([prefix])[0] + 1 if prefix else 0
     # [CLS] and [SEP] take two of the model's tokens; keep a small margin for joins.
