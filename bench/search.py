@@ -27,7 +27,8 @@ from localkb.config import Settings
 from localkb.extract import Document, Section
 from localkb.ingest import ingest_documents
 from localkb.kb import Store
-from localkb.search import Searcher
+from localkb.search import Searcher, fetch_k
+from localkb.vectors import EXPANSION_PER_CANDIDATE
 
 SENT = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 
@@ -90,6 +91,21 @@ def cold_open(home: Path) -> tuple[float, float]:
     return float(a), float(b)
 
 
+def hnsw_recall(store: Store, qs: list[str]) -> str:
+    """How much of the exact top fetch_k(8) the HNSW search returns, over the bench queries."""
+    kb = store.open_kb("bench")
+    vi, _ = kb.indexes()
+    count = fetch_k(8)
+    shared = []
+    for qv in kb.embedder.embed(qs):
+        approx = set(vi.search(qv, count, exact_below=0).keys.tolist())
+        exact = set(vi.search(qv, count, exact_below=len(vi) + 1).keys.tolist())
+        shared.append(len(approx & exact) / len(exact))
+    used = "exact" if len(vi) < store.settings.exact_search_below else "HNSW"
+    return (f"HNSW recall of the exact top {count}: {statistics.mean(shared):.4f} "
+            f"(expansion {EXPANSION_PER_CANDIDATE} per candidate; searches here use {used})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", type=int, nargs="+", default=[3000, 50000])
@@ -119,6 +135,7 @@ def main() -> None:
             where = "  ".join(f"{k[:-3]} {statistics.median(v):.1f}" for k, v in stages.items())
             print(f"{built['chunks']:7} {mode:8} {statistics.median(lat):7.1f} "
                   f"{lat[int(0.95 * (len(lat) - 1))]:7.1f}   {where}")
+        print(f"{built['chunks']:7} {hnsw_recall(store, qs)}")
         store.close()
         open_s, first_s = cold_open(home)
         print(f"{built['chunks']:7} cold open of the knowledge base (new process, indexes loaded): "

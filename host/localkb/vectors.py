@@ -16,6 +16,9 @@ from . import __version__
 from .atomic import read_json, replace_into, tmp_path_for, write_json
 from .errors import IndexUnavailable, ModelMismatch
 
+#: HNSW search expansion per candidate requested (see VectorIndex.search).
+EXPANSION_PER_CANDIDATE = 8
+
 
 @dataclass
 class VectorHits:
@@ -110,7 +113,9 @@ class VectorIndex:
         count = min(count, n)
         exact = n < exact_below
         if not exact:
-            self.index.expansion_search = max(64, 2 * count)
+            # 8x the candidates asked for: on 33k SciFact passages (M=16) HNSW recall of
+            # the exact top 40 is 0.980 at 2x, 0.998 at 8x, for ~0.6 ms more per query.
+            self.index.expansion_search = max(64, EXPANSION_PER_CANDIDATE * count)
             m = self.index.search(query, count)
             if len(m.keys) < count:
                 exact = True
