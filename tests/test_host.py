@@ -63,6 +63,11 @@ def test_every_message_type_over_framed_bytes(tmp_path):
         assert found["statuses"][0]["status"] == "passages"
         assert found["statuses"][0]["line"].startswith("Docs · ")
         assert "ERR_7731" in found["hits"][0]["text"] and found["hits"][0]["kb_name"] == "Docs"
+        pages = ok(host, 71, "search", {"kbs": ["Docs"], "query": "ERR_7731", "per_source": 1})
+        assert len({h["source_id"] for h in pages["hits"]}) == len(pages["hits"]) == 1
+        bad_ps = host.request({"id": 72, "type": "search",
+                               "data": {"kbs": ["Docs"], "query": "x", "per_source": "one"}})
+        assert bad_ps["error"]["code"] == "invalid_input"
 
         cfg = ok(host, 8, "config.set", {"endpoints": [
             {"name": "local", "base_url": "http://127.0.0.1:9/v1", "model": "m", "api_key": "secret"}],

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO, run_cli
-from localkb.errors import EmbeddingUnavailable, IndexUnavailable, KnowledgeBaseNotFound
+from localkb.errors import EmbeddingUnavailable, IndexUnavailable, InvalidInput, KnowledgeBaseNotFound
 from localkb.evaluate import run_eval
 from localkb.extract import extract_text
 from localkb.hybrid import rrf
@@ -151,7 +152,9 @@ def test_keyword_weight_follows_the_best_hits_share_of_the_query():
         return KeywordHit("c", 1.0, frozenset(f"t{i}" for i in range(n)))
 
     assert keyword_weight([hit(1), hit(3)], 6) == 1.0  # half the terms: a real keyword match
+    assert keyword_weight([hit(1), hit(2)], 12) == 1.0  # two shared words rank by co-occurrence
     assert keyword_weight([hit(1)], 5) == pytest.approx(0.4)  # one shared word of five
+    assert keyword_weight([hit(1)], 2) == 1.0  # one of two is half the question
     assert keyword_weight([], 5) == 1.0 and keyword_weight([hit(1)], 0) == 1.0
 
 
@@ -200,6 +203,27 @@ def test_small_kb_is_not_crowded_out_by_a_big_one(store):
     assert {h.kb_name for h in res.hits} <= {"Big", "Small"}
 
 
+def test_per_source_names_pages_not_passages(store, kb):
+    """A long page whose every paragraph matches must not fill the whole result."""
+    paragraphs = [f"Section {i}. The greenhouse sprinklers in bed {i} run at dawn and dusk; "
+                  f"valve {i} is checked every Monday and the filter is rinsed monthly. "
+                  f"Bed {i} grows tomatoes, basil and peppers along the south wall."
+                  for i in range(8)]
+    add_document(kb, extract_text("\n\n".join(paragraphs), title="Greenhouse manual"), key="long")
+    add_document(kb, extract_text("Sprinklers in the orchard run every second night in summer.",
+                                  title="Orchard sprinklers"), key="short")
+    assert store.catalog.counts(kb.id)["chunks"] >= 6
+    plain = search(store, "when do the greenhouse sprinklers run", k=5, floor=False)
+    assert [h.title for h in plain.hits] == ["Greenhouse manual"] * 5
+    res = search(store, "when do the greenhouse sprinklers run", k=5, floor=False, per_source=1)
+    assert [h.title for h in res.hits] == ["Greenhouse manual", "Orchard sprinklers"]
+    assert res.hits[0].chunk_id == plain.hits[0].chunk_id  # the page's best passage stands for it
+    two = search(store, "when do the greenhouse sprinklers run", k=5, floor=False, per_source=2)
+    assert [h.title for h in two.hits].count("Greenhouse manual") == 2
+    with pytest.raises(InvalidInput):
+        search(store, "sprinklers", per_source=0)
+
+
 def test_cli_explain_draws_the_cutoff(tmp_path):
     home = tmp_path / "home"
     note = tmp_path / "n.md"
@@ -210,6 +234,12 @@ def test_cli_explain_draws_the_cutoff(tmp_path):
     assert "Docs · 1 passage" in out
     assert "cut-off 0.35" in out and "─" in out and "vector+keyword" in out
     assert "lists (Docs): vector 1 at weight 1, keyword 1 at weight 1, exact 1 at weight 1" in out
+    note2 = tmp_path / "n2.md"
+    note2.write_text("# Widgets, part two\n\nThe SKU-88-A widget's warranty covers the hinge.")
+    run_cli(["add", "Docs", str(note2)], home, check=True)
+    both = run_cli(["search", "Docs", "SKU-88-A warranty", "--per-source", "1", "--json"], home).stdout
+    hits = json.loads(both)["hits"]
+    assert len(hits) == 2 and len({h["source_id"] for h in hits}) == 2
 
 
 def test_code_heavy_eval_meets_its_floor():

@@ -155,7 +155,7 @@ def cmd_search(args, out: Out) -> int:
     reranker = Reranker(args.rerank_model) if args.rerank_model else None
     res = Searcher(store, reranker=reranker).search(
         args.kb, args.query, k=args.k, mode=args.mode, cutoff=args.cutoff,
-        rerank=bool(args.rerank_model))
+        rerank=bool(args.rerank_model), per_source=args.per_source)
 
     def text() -> str:
         lines = [status_line(s) for s in res.statuses]
@@ -653,6 +653,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--mode", choices=["hybrid", "vector", "keyword"], default="hybrid")
     c.add_argument("--cutoff", type=float, default=None, help="relevance floor on cosine (0.35)")
     c.add_argument("--explain", action="store_true", help="print the score table with the cut-off")
+    c.add_argument("--per-source", type=int, default=None, metavar="N",
+                   help="at most N passages from any one source (1: which pages say this)")
     c.add_argument("--rerank-model", default=None, help="cross-encoder ONNX file to rerank the top 50")
     c.set_defaults(func=cmd_search)
 

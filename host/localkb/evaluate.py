@@ -108,8 +108,11 @@ def run_eval(path: str | Path, *, modes: Sequence[str] = ("vector", "keyword", "
                 per_query, latencies = {}, []
                 for qid, q in queries.items():
                     t1 = time.perf_counter()
-                    res = searcher.search([kb.id], q["text"], k=max(k, 10) * 3, mode=mode,
-                                          rerank=rerank, floor=False)
+                    # The metrics rank documents, so the search is asked for documents: the
+                    # best passage of each of the top k sources, from the lists a k-result
+                    # search fetches (fetch_k(k) each).
+                    res = searcher.search([kb.id], q["text"], k=k, mode=mode, rerank=rerank,
+                                          floor=False, per_source=1)
                     latencies.append((time.perf_counter() - t1) * 1000)
                     ranked: list[str] = []
                     for h in res.hits:

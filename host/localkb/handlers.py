@@ -235,7 +235,8 @@ def h_search(data: dict, ctx) -> dict:
         raise InvalidInput("'cutoff' must be a number", detail={"field": "cutoff"})
     res = Searcher(get_store()).search(
         req_kbs(data), req_str(data, "query", max_len=4000), k=req_int(data, "k", 8, lo=1, hi=100),
-        mode=req_str(data, "mode", required=False) or "hybrid", cutoff=cutoff)
+        mode=req_str(data, "mode", required=False) or "hybrid", cutoff=cutoff,
+        per_source=req_int(data, "per_source", 0, lo=0, hi=100) or None)
     out = res.to_dict()
     if req_bool(data, "include_weaker"):
         out["hits"] = out["hits"] + out["weaker"]
