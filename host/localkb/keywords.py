@@ -93,6 +93,28 @@ def query_terms(query: str) -> list[str]:
     return terms
 
 
+def _weighting():
+    """BM25F with the idf of Lucene's BM25, ``log(1 + (N - df + 0.5) / (df + 0.5))``.
+
+    Whoosh's own idf, ``log(N / (df + 1)) + 1``, never falls below about 1, so a word
+    in every passage still counts a tenth of the rarest one; on a long question its
+    common words then outvote the telling ones. SciFact keyword nDCG@10 0.638 -> 0.648
+    with this idf (passages of 96 tokens), hybrid unchanged.
+    """
+    from math import log
+
+    from whoosh.scoring import BM25F
+
+    class LuceneIdfBM25F(BM25F):
+        def idf(self, searcher, fieldname, text):
+            parent = searcher.get_parent()
+            df = parent.doc_frequency(fieldname, text)
+            n = parent.doc_count_all()
+            return log(1 + (n - df + 0.5) / (df + 0.5))
+
+    return LuceneIdfBM25F()
+
+
 class CompoundFilter(Filter):
     """Whoosh filter emitting ``index_terms`` of each token (module level: Whoosh pickles it)."""
 
@@ -198,7 +220,7 @@ class KeywordIndex:
 
     def searcher(self):
         if self._searcher is None:
-            self._searcher = self.ix.searcher()
+            self._searcher = self.ix.searcher(weighting=_weighting())
         else:
             self._searcher = self._searcher.refresh()
         return self._searcher
