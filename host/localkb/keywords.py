@@ -93,6 +93,7 @@ def query_terms(query: str) -> list[str]:
     return terms
 
 
+@lru_cache(maxsize=1)
 def _weighting():
     """BM25F with the idf of Lucene's BM25, ``log(1 + (N - df + 0.5) / (df + 0.5))``.
 

@@ -136,7 +136,6 @@ VERIFY_PASSAGES = (_LONG_1, _LONG_2, _LONG_3, _LONG_1 + " " + _LONG_3)
 VERIFY_TEXTS = VERIFY_SENTENCES + VERIFY_PASSAGES
 
 
-
 # ---------------------------------------------------------------- inputs
 
 

@@ -10,6 +10,7 @@ unavailable, with the numbers behind it.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -55,11 +56,11 @@ def keyword_weight(hits: Sequence[KeywordHit], n_terms: int) -> float:
 
 def best_per_source(hits: Sequence[Hit], n: int) -> list[Hit]:
     """The first ``n`` hits of each source, in the order given (best first)."""
-    seen: dict[str, int] = {}
+    seen: Counter[str] = Counter()
     out = []
     for h in hits:
-        if seen.get(h.source_id, 0) < n:
-            seen[h.source_id] = seen.get(h.source_id, 0) + 1
+        seen[h.source_id] += 1
+        if seen[h.source_id] <= n:
             out.append(h)
     return out
 
