@@ -263,6 +263,9 @@ def test_code_heavy_eval_meets_its_floor():
     assert hybrid["overall"]["recall@1"] >= 0.95, hybrid
     assert hybrid["by_kind"]["exact"]["recall@1"] == 1.0, hybrid
     assert res["failed_documents"] == []
+    # Query by query, hybrid beats the sentence model alone beyond the spread of 28 questions
+    # (measured +0.079, paired interval +0.018 to +0.153).
+    assert res["compare"]["hybrid - vector"]["ci95"][0] > 0, res["compare"]
 
 
 def test_hashing_canary_keeps_the_keyword_path_honest():
@@ -281,6 +284,24 @@ def test_eval_reads_any_beir_folder(tmp_path: Path):
     res = run_eval(tmp_path, modes=("vector",))
     assert res["modes"]["vector"]["overall"]["recall@1"] == 1.0
     assert res["queries"] == 1 and res["documents"] == 2
+
+
+def test_eval_intervals_tell_a_real_difference_from_spread():
+    from localkb.evaluate import bootstrap_ci, compare
+
+    assert bootstrap_ci([0.5] * 50) == (0.5, 0.5)
+    spread = [1.0, 0.0] * 50
+    lo, hi = bootstrap_ci(spread)
+    assert lo < 0.5 < hi and hi - lo > 0.1
+    assert bootstrap_ci(spread) == (lo, hi)  # fixed seed: the same interval every run
+    # Two modes that both swing between 0 and 0.8, one always 0.1 better: apart, their
+    # intervals overlap; paired query by query, the difference is certain.
+    a = [i % 2 * 0.8 for i in range(100)]
+    b = [x + 0.1 for x in a]
+    assert bootstrap_ci(a)[1] > bootstrap_ci(b)[0]
+    c = compare({"hybrid": b, "vector": a, "hybrid+rerank": a})
+    assert c["hybrid - vector"] == {"ndcg@10": 0.1, "ci95": [0.1, 0.1], "better": 100, "worse": 0}
+    assert c["hybrid+rerank - hybrid"]["ndcg@10"] == -0.1 and c["hybrid+rerank - hybrid"]["worse"] == 100
 
 
 def test_an_index_that_cannot_be_opened_or_rebuilt_is_unavailable(settings, store, docs_kb):
