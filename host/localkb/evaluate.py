@@ -104,13 +104,17 @@ def bootstrap_ci(values: Sequence[float], *, rounds: int = BOOTSTRAP_ROUNDS,
 
 def compare(per_mode: dict[str, list[float]], base: str = "hybrid") -> dict[str, dict]:
     """Each mode against ``base`` (and reranking against hybrid): mean nDCG@10 difference, paired interval."""
+    if base not in per_mode:
+        return {}
     out: dict[str, dict] = {}
     for name, vals in per_mode.items():
-        if name == base or base not in per_mode:
+        if name == base:
             continue
-        a, b = (vals, per_mode[base]) if name.endswith("+rerank") else (per_mode[base], vals)
-        label = f"{name} - {base}" if name.endswith("+rerank") else f"{base} - {name}"
-        diffs = [x - y for x, y in zip(a, b, strict=True)]
+        # Reranking is measured as what it adds to hybrid; the single lists as what hybrid adds to them.
+        rerank = name.endswith("+rerank")
+        new, old = (vals, per_mode[base]) if rerank else (per_mode[base], vals)
+        label = f"{name} - {base}" if rerank else f"{base} - {name}"
+        diffs = [x - y for x, y in zip(new, old, strict=True)]
         out[label] = {"ndcg@10": round(sum(diffs) / len(diffs), 4), "ci95": list(bootstrap_ci(diffs)),
                       "better": sum(d > 0 for d in diffs), "worse": sum(d < 0 for d in diffs)}
     return out
