@@ -19,10 +19,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import peak_rss_mb, scifact_docs
 
-from localkb.chunk import passage_text
 from localkb.config import Settings
-from localkb.ingest import add_paths
-from localkb.kb import Store
+from localkb.ingest.chunk import passage_text
+from localkb.ingest.pipeline import add_paths
+from localkb.store.kb import Store
 
 
 def main() -> None:

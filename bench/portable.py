@@ -24,10 +24,10 @@ import time
 
 import numpy as np
 
-from localkb.chunk import passage_text
 from localkb.config import Settings
-from localkb.kb import Store
-from localkb.portable import export_kb, import_kb
+from localkb.ingest.chunk import passage_text
+from localkb.portable.archive import export_kb, import_kb
+from localkb.store.kb import Store
 
 WORDS = ("the of and a to in is was for on that with as by at from his her it an were are which "
          "river mill engine valve harbour garden letter winter market bridge signal copper "

@@ -24,11 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import SCIFACT, peak_rss_mb, scifact_docs
 
 from localkb.config import Settings
-from localkb.extract import Document, Section
-from localkb.ingest import ingest_documents
-from localkb.kb import Store
-from localkb.search import Searcher, fetch_k
-from localkb.vectors import EXPANSION_PER_CANDIDATE
+from localkb.ingest.extract import Document, Section
+from localkb.ingest.pipeline import ingest_documents
+from localkb.retrieval.search import Searcher, fetch_k
+from localkb.store.kb import Store
+from localkb.store.vectors import EXPANSION_PER_CANDIDATE
 
 SENT = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 
@@ -80,9 +80,9 @@ def queries() -> list[str]:
 def cold_open(home: Path) -> tuple[float, float]:
     code = (
         "import time,os;t=time.perf_counter();"
-        "from localkb.config import Settings;from localkb.kb import Store;"
+        "from localkb.config import Settings;from localkb.store.kb import Store;"
         "s=Store(Settings.from_env());kb=s.open_kb('bench');kb.indexes();"
-        "t1=time.perf_counter();from localkb.search import Searcher;"
+        "t1=time.perf_counter();from localkb.retrieval.search import Searcher;"
         "Searcher(s).search(['bench'],'gene expression in tumours');"
         "print(t1-t, time.perf_counter()-t1)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

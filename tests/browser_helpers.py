@@ -86,7 +86,7 @@ def write_launcher(path: Path, home: Path) -> Path:
     It hands on what Chromium passes (the caller's origin), so the host's argument handling
     is exercised exactly as after a real install.
     """
-    from localkb.install import launcher_script
+    from localkb.native.install import launcher_script
 
     path.write_text(launcher_script([sys.executable, "-m", "localkb", "host"], home), encoding="utf-8")
     path.chmod(0o755)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from localkb.config import Settings
-from localkb.kb import Store
+from localkb.store.kb import Store
 
 REPO = Path(__file__).resolve().parents[1]
 

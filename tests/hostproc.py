@@ -13,7 +13,7 @@ Use ``HostProcess([sys.executable, "-m", "localkb", "host"], home=...)`` for the
 handlers. Parted payloads are reassembled by ``until_reply``/``reassembled``; the raw
 frames are kept in ``HostProcess.raw`` so tests can check every frame's size.
 
-Server side: ``python tests/hostproc.py`` runs ``localkb.host.main`` with the
+Server side: ``python tests/hostproc.py`` runs ``localkb.native.host.main`` with the
 ``TEST_HANDLERS`` table below (echo, slow-with-progress, big results, failures).
 """
 
@@ -139,7 +139,7 @@ class HostProcess:
         reply/event carries the real ``result``/``data`` and ``"_parts": n`` so tests can
         tell it travelled in parts.
         """
-        from localkb.protocol import join_parts
+        from localkb.native.protocol import join_parts
 
         backlog = [m for m in self.others if m.get("id") == request_id]
         self.others[:] = [m for m in self.others if m.get("id") != request_id]
@@ -253,6 +253,6 @@ def _handlers() -> dict:
 
 
 if __name__ == "__main__":
-    from localkb.host import main
+    from localkb.native.host import main
 
     sys.exit(main(sys.argv[1:], handlers=_handlers()))

@@ -329,10 +329,10 @@ def _open_panel(browser: ExtensionBrowser):
 
 
 def _needs_chat():
-    from localkb.handlers import HANDLERS
+    from localkb.native.handlers import HANDLERS
 
     if "chat" not in HANDLERS:
-        pytest.fail("the host has no `chat` message yet (host/localkb/chat.py is being written)")
+        pytest.fail("the host has no `chat` message yet (host/localkb/answer/chat.py is being written)")
 
 
 def test_panel_lists_kbs_with_privacy_and_the_save_reports(browser, saved):
@@ -459,10 +459,10 @@ def test_device_only_kb_is_skipped_for_a_cloud_model_and_never_sent(browser, sav
 
 
 def test_exported_file_imports_as_a_new_kb_with_the_same_answer(browser, saved, tmp_module, endpoints):
-    from localkb.handlers import HANDLERS
+    from localkb.native.handlers import HANDLERS
 
     if "kb.export" not in HANDLERS or "kb.import" not in HANDLERS:
-        pytest.fail("the host has no kb.export / kb.import yet (host/localkb/portable.py is being written)")
+        pytest.fail("the host has no kb.export / kb.import yet (portable/archive.py is being written)")
     options = browser.open("options.html", width=OPTIONS_WIDTH)
     options.wait_for_selector('body[data-ready="true"]')
     with options.expect_download(timeout=WAIT_MS) as info:

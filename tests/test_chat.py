@@ -21,7 +21,7 @@ import fakellm
 from conftest import run_cli
 from fakellm import FakeLLM, split_tokens
 from hostproc import HostProcess
-from localkb.chat import (
+from localkb.answer.chat import (
     IDK,
     AnswerCache,
     ChatOptions,
@@ -37,11 +37,11 @@ from localkb.chat import (
     run_turn,
     wants_to_save,
 )
+from localkb.answer.llm import Endpoint, LLMConfig, Timeouts, save_config
 from localkb.errors import Cancelled, IndexUnavailable, InvalidInput
-from localkb.ingest import add_capture
-from localkb.kb import KnowledgeBase, Store
-from localkb.llm import Endpoint, LLMConfig, Timeouts, save_config
-from localkb.search import Searcher
+from localkb.ingest.pipeline import add_capture
+from localkb.retrieval.search import Searcher
+from localkb.store.kb import KnowledgeBase, Store
 
 TEA = ("Green tea is brewed at 80 degrees Celsius for two minutes; boiling water scorches the "
        "leaves and makes the cup bitter.")
@@ -247,7 +247,7 @@ def test_join_overlapping_drops_only_the_repeated_words():
 
 
 def test_a_passage_cannot_close_its_own_fence():
-    from localkb.search import Hit
+    from localkb.retrieval.search import Hit
 
     evil = Hit(kb="k", kb_name="Docs", chunk_id="c", source_id="s", title="t", url=None,
                file_name=None, chunk_index=0, chunk_count=1, page=None,

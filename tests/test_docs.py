@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from localkb.cli import build_parser
-from localkb.handlers import HANDLERS
+from localkb.native.handlers import HANDLERS
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
 

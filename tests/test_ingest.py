@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from conftest import make_pdf, run_cli
-from localkb.catalog import valid_vector
 from localkb.doctor import doctor
 from localkb.errors import EmbeddingUnavailable, NothingWritten
-from localkb.extract import extract_text
-from localkb.ingest import add_capture, add_document, add_paths, list_sources, remove_source
+from localkb.ingest.extract import extract_text
+from localkb.ingest.pipeline import add_capture, add_document, add_paths, list_sources, remove_source
+from localkb.store.catalog import valid_vector
 
 
 def real_rows(kb) -> int:
@@ -136,7 +136,7 @@ def test_chunks_fit_the_model_window(kb):
     add_document(kb, doc, key="text:long")
     counter = kb.embedder.tokenizer
     for (text,) in kb.catalog.db.execute("SELECT text FROM chunks"):
-        from localkb.chunk import passage_text
+        from localkb.ingest.chunk import passage_text
 
         n = len(counter.encode(passage_text(doc.title, text)).ids)
         assert n <= 256
@@ -144,7 +144,7 @@ def test_chunks_fit_the_model_window(kb):
 
 
 def test_corrupt_model_file_raises_embedding_unavailable(tmp_path):
-    from localkb.embed import MiniLMEmbedder, packaged_model_path
+    from localkb.embedding.embedder import MiniLMEmbedder, packaged_model_path
 
     bad = tmp_path / "model.onnx"
     data = bytearray(packaged_model_path().read_bytes())
@@ -157,7 +157,7 @@ def test_corrupt_model_file_raises_embedding_unavailable(tmp_path):
 
 
 def test_embedder_pools_over_the_real_attention_mask():
-    from localkb.embed import MiniLMEmbedder
+    from localkb.embedding.embedder import MiniLMEmbedder
 
     e = MiniLMEmbedder()
     short = "disk full"
@@ -254,7 +254,7 @@ def test_stale_index_is_caught_up_on_open(store, kb):
     kb.vector_path.write_bytes(saved[0])
     kb.vector_path.with_suffix(".json").write_text(saved[1])
     store.close()
-    from localkb.kb import Store
+    from localkb.store.kb import Store
 
     fresh = Store(store.settings)
     kb2 = fresh.open_kb("Docs")

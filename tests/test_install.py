@@ -14,8 +14,8 @@ from cryptography.hazmat.primitives.serialization import load_der_public_key
 
 import localkb
 from hostproc import tiny_host_argv
-from localkb import install
 from localkb.errors import InvalidInput
+from localkb.native import install
 
 KNOWN_ID = "oandfblddbkjpobnlblepilabocnckmf"
 REPO = Path(__file__).resolve().parents[1]

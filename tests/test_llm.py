@@ -15,8 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fakellm import FakeLLM, split_tokens
-from localkb.errors import Cancelled, InvalidInput, LLMUnavailable, NotFound
-from localkb.llm import (
+from localkb.answer.llm import (
     Endpoint,
     LLMConfig,
     Timeouts,
@@ -27,6 +26,7 @@ from localkb.llm import (
     save_config,
     stream_chat,
 )
+from localkb.errors import Cancelled, InvalidInput, LLMUnavailable, NotFound
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 REPLY = "Paris is the capital — café, naïve, 日本語 [1]. Second line\nand more words here."

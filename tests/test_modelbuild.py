@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from localkb import modelbuild as mb
+from localkb.embedding import build as mb
 from localkb.errors import EmbeddingUnavailable
 
 pytestmark = pytest.mark.slow

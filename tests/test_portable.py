@@ -20,15 +20,15 @@ import pytest
 
 from conftest import make_pdf, run_cli
 from hostproc import HostProcess
-from localkb import envelope
-from localkb.catalog import blob_vector
 from localkb.doctor import doctor
 from localkb.errors import Conflict, DecryptionFailed, InvalidArchive, PassphraseRequired
-from localkb.extract import extract_text
-from localkb.ingest import add_document, add_paths, list_sources
-from localkb.portable import Limits, export_kb, export_to_file, import_kb, read_archive
-from localkb.protocol import MAX_OUTGOING
-from localkb.search import Searcher
+from localkb.ingest.extract import extract_text
+from localkb.ingest.pipeline import add_document, add_paths, list_sources
+from localkb.native.protocol import MAX_OUTGOING
+from localkb.portable import envelope
+from localkb.portable.archive import Limits, export_kb, export_to_file, import_kb, read_archive
+from localkb.retrieval.search import Searcher
+from localkb.store.catalog import blob_vector
 
 TOPICS = [
     "Sourdough bread rises because wild yeast and lactobacilli ferment the flour overnight.",
@@ -398,8 +398,8 @@ def test_cli_encrypts_with_the_passphrase_from_the_environment(store, hashed, tm
 def _synthetic(n_chunks: int, *, per_source: int = 100, words_per_chunk: int = 20, seed: int = 1,
                dense: bool = False) -> bytes:
     """A valid .awkb for the hashing model with ``n_chunks`` chunks of random words."""
-    from localkb.chunk import passage_text
-    from localkb.embed import HashingEmbedder
+    from localkb.embedding.embedder import HashingEmbedder
+    from localkb.ingest.chunk import passage_text
 
     rng = random.Random(seed)
     words = [f"w{n}" for n in range(5000)]

@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fakellm import FakeLLM
+from localkb.answer.llm import Endpoint, Timeouts, complete
+from localkb.answer.privacy import allowed_knowledge_bases, endpoint_location
 from localkb.errors import PrivacyBlocked
-from localkb.llm import Endpoint, Timeouts, complete
-from localkb.privacy import allowed_knowledge_bases, endpoint_location
 
 
 @dataclass(frozen=True)

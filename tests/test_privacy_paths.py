@@ -22,11 +22,11 @@ import socket
 import pytest
 
 from fakellm import FakeLLM
-from localkb import chat as chat_module
-from localkb.chat import ChatOptions, Turn, run_turn
+from localkb.answer import chat as chat_module
+from localkb.answer.chat import ChatOptions, Turn, run_turn
+from localkb.answer.llm import Endpoint, Timeouts
 from localkb.errors import PrivacyBlocked
-from localkb.ingest import add_capture
-from localkb.llm import Endpoint, Timeouts
+from localkb.ingest.pipeline import add_capture
 from test_chat import ToolLLM
 
 SECRET = "ZEBRA-7731"

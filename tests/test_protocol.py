@@ -10,9 +10,9 @@ import struct
 import pytest
 
 from hostproc import HEADER, HostGone, HostProcess, frame, frame_json, tiny_host_argv
-from localkb import protocol
 from localkb.errors import ProtocolError
-from localkb.host import DEFAULT_WORKERS, EXIT_OK, EXIT_UNTRUSTED
+from localkb.native import protocol
+from localkb.native.host import DEFAULT_WORKERS, EXIT_OK, EXIT_UNTRUSTED
 
 MIB = 1024 * 1024
 

@@ -13,13 +13,13 @@ import pytest
 
 from conftest import run_cli
 from hostproc import HostProcess
-from localkb.catalog import valid_vector
 from localkb.doctor import doctor
 from localkb.errors import Cancelled, InvalidInput, ModelMismatch
-from localkb.extract import extract_text
-from localkb.ingest import add_document
-from localkb.reembed import reembed, staged_count
-from localkb.search import Searcher
+from localkb.ingest.extract import extract_text
+from localkb.ingest.pipeline import add_document
+from localkb.ingest.reembed import reembed, staged_count
+from localkb.retrieval.search import Searcher
+from localkb.store.catalog import valid_vector
 
 MINILM, HASHING = "all-MiniLM-L6-v2", "hashing-256"
 FACTS = ["Copper conducts electricity better than iron does.",

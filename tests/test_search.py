@@ -9,12 +9,12 @@ import pytest
 
 from conftest import REPO, run_cli
 from localkb.errors import EmbeddingUnavailable, IndexUnavailable, InvalidInput, KnowledgeBaseNotFound
-from localkb.evaluate import run_eval
-from localkb.extract import extract_text
-from localkb.hybrid import rrf
-from localkb.ingest import add_document, ingest_documents
-from localkb.keywords import KeywordHit, KeywordIndex, query_terms
-from localkb.search import Searcher, fetch_k, keyword_weight, status_line
+from localkb.ingest.extract import extract_text
+from localkb.ingest.pipeline import add_document, ingest_documents
+from localkb.retrieval.evaluate import run_eval
+from localkb.retrieval.hybrid import rrf
+from localkb.retrieval.search import Searcher, fetch_k, keyword_weight, status_line
+from localkb.store.keywords import KeywordHit, KeywordIndex, query_terms
 
 CODES = REPO / "evals" / "codes"
 
@@ -58,7 +58,7 @@ def test_exact_code_never_matches_its_near_twin(store, docs_kb):
 
 
 def test_a_code_part_still_finds_the_compound():
-    from localkb.keywords import index_terms
+    from localkb.store.keywords import index_terms
 
     assert index_terms("e-mail")[0] == "e-mail" and "mail" in index_terms("e-mail")
     assert index_terms("ERR_4521")[:1] == ("err_4521",)
@@ -287,7 +287,7 @@ def test_eval_reads_any_beir_folder(tmp_path: Path):
 
 
 def test_eval_intervals_tell_a_real_difference_from_spread():
-    from localkb.evaluate import bootstrap_ci, compare
+    from localkb.retrieval.evaluate import bootstrap_ci, compare
 
     assert bootstrap_ci([0.5] * 50) == (0.5, 0.5)
     spread = [1.0, 0.0] * 50
@@ -307,7 +307,7 @@ def test_eval_intervals_tell_a_real_difference_from_spread():
 def test_an_index_that_cannot_be_opened_or_rebuilt_is_unavailable(settings, store, docs_kb):
     import shutil
 
-    from localkb.kb import Store
+    from localkb.store.kb import Store
 
     folder = store.kb_dir(docs_kb.id)
     store.close()
@@ -333,7 +333,7 @@ def _length_scorer(folder: Path) -> Path:
     import onnx
     from onnx import TensorProto, helper
 
-    from localkb.embed import weights_dir
+    from localkb.embedding.files import weights_dir
 
     inputs = [helper.make_tensor_value_info(n, TensorProto.INT64, ["b", "s"])
               for n in ("input_ids", "attention_mask", "token_type_ids")]
@@ -352,7 +352,7 @@ def _length_scorer(folder: Path) -> Path:
 
 
 def test_rerank_hook_reorders_the_top_by_the_cross_encoder(store, docs_kb, tmp_path):
-    from localkb.search import Reranker
+    from localkb.retrieval.search import Reranker
 
     reranker = Reranker(_length_scorer(tmp_path))
     plain = Searcher(store).search(["Docs"], "release version", k=6, floor=False)

@@ -1,4 +1,4 @@
-"""A real LocalKB host loop (localkb.host.main) serving handlers made for native.js's tests.
+"""A real LocalKB host loop (localkb.native.host.main) serving handlers made for native.js's tests.
 
 Same framing, threading, parts and cancel as the product host; only the handler table is
 the test's: a payload big enough to be sent in parts, events before a reply, an error, a
@@ -10,7 +10,7 @@ import sys
 import time
 
 from localkb.errors import KnowledgeBaseNotFound
-from localkb.host import main
+from localkb.native.host import main
 
 
 def big(data, ctx):

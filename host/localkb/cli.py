@@ -7,9 +7,9 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 
-from . import __version__
-from .config import Settings
-from .errors import LocalKBError
+from localkb import __version__
+from localkb.config import Settings
+from localkb.errors import LocalKBError
 
 EXIT_CODES = {"privacy_blocked": 6, "llm_unavailable": 7,
               "invalid_input": 2, "kb_not_found": 3, "source_not_found": 3, "not_found": 3,
@@ -31,7 +31,7 @@ class Out:
 
 
 def _store(args):
-    from .kb import Store
+    from localkb.store.kb import Store
 
     return Store(Settings.from_env())
 
@@ -82,7 +82,7 @@ def cmd_kb_delete(args, out: Out) -> int:
 
 # -- sources -----------------------------------------------------------------------
 def cmd_add(args, out: Out) -> int:
-    from .ingest import add_paths
+    from localkb.ingest.pipeline import add_paths
 
     store = _store(args)
     kb = store.open_kb(args.kb)
@@ -123,7 +123,7 @@ def cmd_add(args, out: Out) -> int:
 
 
 def cmd_sources(args, out: Out) -> int:
-    from .ingest import list_sources
+    from localkb.ingest.pipeline import list_sources
 
     kb = _store(args).open_kb(args.kb)
     rows, total = list_sources(kb, offset=args.offset, limit=args.limit)
@@ -140,7 +140,7 @@ def cmd_sources(args, out: Out) -> int:
 
 
 def cmd_remove(args, out: Out) -> int:
-    from .ingest import remove_source
+    from localkb.ingest.pipeline import remove_source
 
     res = remove_source(_store(args).open_kb(args.kb), args.source)
     out.emit(res, f"removed {res['title']} ({res['removed_chunks']} chunks)")
@@ -149,7 +149,7 @@ def cmd_remove(args, out: Out) -> int:
 
 # -- search ------------------------------------------------------------------------
 def cmd_search(args, out: Out) -> int:
-    from .search import Reranker, Searcher, status_line
+    from localkb.retrieval.search import Reranker, Searcher, status_line
 
     store = _store(args)
     reranker = Reranker(args.rerank_model) if args.rerank_model else None
@@ -230,7 +230,7 @@ def cmd_errors(args, out: Out) -> int:
 
 
 def cmd_doctor(args, out: Out) -> int:
-    from .doctor import doctor
+    from localkb.doctor import doctor
 
     report = doctor(_store(args), repair=args.repair)
 
@@ -255,7 +255,7 @@ def cmd_doctor(args, out: Out) -> int:
 
 
 def cmd_eval(args, out: Out) -> int:
-    from .evaluate import format_table, run_eval
+    from localkb.retrieval.evaluate import format_table, run_eval
 
     res = run_eval(args.path, modes=args.modes, model=args.model, k=args.k,
                    rerank_model=args.rerank_model, limit_queries=args.limit_queries)
@@ -287,7 +287,7 @@ def cmd_install(args, out: Out) -> int:
     import os
     from pathlib import Path
 
-    from . import install as inst
+    from localkb.native import install as inst
 
     browsers = args.browser or None
     if args.check:
@@ -323,7 +323,7 @@ def cmd_install(args, out: Out) -> int:
 
 
 def cmd_uninstall(args, out: Out) -> int:
-    from . import install as inst
+    from localkb.native import install as inst
 
     results = inst.uninstall(args.browser or None)
     rows = [{"browser": r.browser, "manifest": str(r.manifest), "removed": r.removed} for r in results]
@@ -335,7 +335,7 @@ def cmd_uninstall(args, out: Out) -> int:
 
 # -- chat --------------------------------------------------------------------------
 def _chat_endpoint(args, store):
-    from .llm import load_config
+    from localkb.answer.llm import load_config
 
     if args.extractive:
         return None
@@ -345,7 +345,7 @@ def _chat_endpoint(args, store):
 
 def _chat_turn(args, out: Out, store, message: str, history: list, *, cache, kind: str):
     """Run one turn, streaming step lines and tokens to the terminal; returns the ChatResult."""
-    from .chat import ChatOptions, run_turn
+    from localkb.answer.chat import ChatOptions, run_turn
 
     streamed: list[str] = []
 
@@ -405,7 +405,7 @@ def cmd_ask(args, out: Out) -> int:
 
 
 def cmd_chat(args, out: Out) -> int:
-    from .chat import AnswerCache, Turn
+    from localkb.answer.chat import AnswerCache, Turn
 
     store = _store(args)
     cache = AnswerCache()
@@ -428,7 +428,7 @@ def cmd_chat(args, out: Out) -> int:
 
 
 def cmd_config_endpoint(args, out: Out) -> int:
-    from .llm import Endpoint, LLMConfig, load_config, save_config
+    from localkb.answer.llm import Endpoint, LLMConfig, load_config, save_config
 
     root = Settings.from_env().data_dir
     config = load_config(root)
@@ -474,9 +474,9 @@ def cmd_config_endpoint(args, out: Out) -> int:
 
 
 def cmd_model_build(args, out: Out) -> int:
-    from . import modelbuild
-    from .embed import select_minilm
-    from .errors import EmbeddingUnavailable
+    from localkb.embedding import build as modelbuild
+    from localkb.embedding.embedder import select_minilm
+    from localkb.errors import EmbeddingUnavailable
 
     settings = Settings.from_env()
     folder = settings.models_root / "minilm-built"
@@ -508,7 +508,7 @@ def cmd_model_build(args, out: Out) -> int:
 
 
 def cmd_host(args, out: Out) -> int:
-    from .host import main as host_main
+    from localkb.native.host import main as host_main
 
     return host_main(args.browser_args)
 
@@ -519,7 +519,7 @@ def _passphrase(*, confirm: bool) -> str:
     import getpass
     import os
 
-    from .errors import PassphraseRequired
+    from localkb.errors import PassphraseRequired
 
     env = os.environ.get("LOCALKB_PASSPHRASE")
     if env:
@@ -551,7 +551,7 @@ def _stage_bar(out: Out):
 
 
 def cmd_export(args, out: Out) -> int:
-    from .portable import export_to_file
+    from localkb.portable.archive import export_to_file
 
     kb = _store(args).open_kb(args.kb)
     passphrase = _passphrase(confirm=True) if args.encrypt else None
@@ -566,8 +566,8 @@ def cmd_export(args, out: Out) -> int:
 
 
 def cmd_import(args, out: Out) -> int:
-    from .errors import InvalidInput
-    from .portable import import_kb, is_encrypted
+    from localkb.errors import InvalidInput
+    from localkb.portable.archive import import_kb, is_encrypted
 
     store = _store(args)
     try:
@@ -587,7 +587,7 @@ def cmd_import(args, out: Out) -> int:
 
 
 def cmd_kb_reembed(args, out: Out) -> int:
-    from .reembed import reembed
+    from localkb.ingest.reembed import reembed
 
     progress, done = _stage_bar(out)
     try:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .errors import LocalKBError
-from .kb import Store
+from localkb.errors import LocalKBError
+from localkb.store.kb import Store
 
 
 def model_health(store: Store) -> dict:

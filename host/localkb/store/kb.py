@@ -21,20 +21,20 @@ from pathlib import Path
 
 import numpy as np
 
-from .catalog import Catalog, KBRecord, blob_vector, valid_vector
-from .chunk import passage_text
-from .config import Settings
-from .embed import Embedder, EmbedderRegistry
-from .errors import (
+from localkb.config import Settings
+from localkb.embedding.embedder import Embedder, EmbedderRegistry
+from localkb.errors import (
     Conflict,
     InvalidInput,
     KnowledgeBaseNotFound,
     LocalKBError,
     ModelMismatch,
 )
-from .keywords import KeywordIndex
-from .locks import FileLock
-from .vectors import VectorIndex
+from localkb.ingest.chunk import passage_text
+from localkb.locks import FileLock
+from localkb.store.catalog import Catalog, KBRecord, blob_vector, valid_vector
+from localkb.store.keywords import KeywordIndex
+from localkb.store.vectors import VectorIndex
 
 PRIVACY = ("device", "cloud")
 _NAME = re.compile(r"^[^\x00-\x1f/\\]{1,80}$")

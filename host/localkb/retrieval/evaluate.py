@@ -22,12 +22,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from .config import Settings
-from .errors import InvalidInput
-from .extract import Document, Section
-from .ingest import ingest_documents
-from .kb import Store
-from .search import Reranker, Searcher
+from localkb.config import Settings
+from localkb.errors import InvalidInput
+from localkb.ingest.extract import Document, Section
+from localkb.ingest.pipeline import ingest_documents
+from localkb.retrieval.search import Reranker, Searcher
+from localkb.store.kb import Store
 
 CUTS = (1, 3, 5, 10)
 #: Bootstrap resamples for the intervals; the seed is fixed so a run prints the same interval twice.

@@ -26,10 +26,10 @@ import sqlite3
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from .catalog import vector_blob
-from .chunk import passage_text
-from .errors import Conflict, EmbeddingUnavailable, StoreError
-from .kb import Store
+from localkb.errors import Conflict, EmbeddingUnavailable, StoreError
+from localkb.ingest.chunk import passage_text
+from localkb.store.catalog import vector_blob
+from localkb.store.kb import Store
 
 Progress = Callable[[dict], None]
 CancelCheck = Callable[[], None]

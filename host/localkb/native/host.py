@@ -32,9 +32,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from localkb import PROTOCOL_VERSION, __version__, protocol
+from localkb import PROTOCOL_VERSION, __version__
 from localkb.config import Settings
 from localkb.errors import Cancelled, LocalKBError, ProtocolError
+from localkb.native import protocol
 
 EXIT_OK = 0
 EXIT_UNTRUSTED = 3
@@ -306,12 +307,12 @@ def _fallback_status(data: dict, ctx: Context) -> dict:
 
 def _default_handlers(log: logging.Logger) -> Mapping[str, Handler]:
     try:
-        from localkb import handlers as handlers_module
+        from localkb.native import handlers as handlers_module
 
         return handlers_module.HANDLERS
     except Exception:
         # status must answer even when the core cannot load (STYLE 5).
-        log.exception("could not load localkb.handlers; serving status only")
+        log.exception("could not load localkb.native.handlers; serving status only")
         return {"status": _fallback_status}
 
 

@@ -8,7 +8,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import InvalidDocument
+from localkb.errors import InvalidDocument
 
 
 @dataclass

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__
-from .atomic import read_json, replace_into, tmp_path_for, write_json
-from .errors import IndexUnavailable, ModelMismatch
+from localkb import __version__
+from localkb.atomic import read_json, replace_into, tmp_path_for, write_json
+from localkb.errors import IndexUnavailable, ModelMismatch
 
 #: HNSW search expansion per candidate requested (see VectorIndex.search).
 EXPANSION_PER_CANDIDATE = 8

@@ -41,7 +41,7 @@ from localkb import __version__
 
 # One definition of where the model files are, how they are hashed and how the tokenizer
 # is configured (padding off, truncation at 256): the embedder's.
-from localkb.embed import load_tokenizer, packaged_model_path, sha256_file, weights_dir
+from localkb.embedding.files import load_tokenizer, packaged_model_path, sha256_file, weights_dir
 from localkb.errors import EmbeddingUnavailable
 
 #: Bumped whenever the graph or the quantisation changes, so old builds are rebuilt.

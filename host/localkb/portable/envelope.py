@@ -27,7 +27,7 @@ import os
 import struct
 from typing import BinaryIO
 
-from .errors import DecryptionFailed, InvalidArchive, PassphraseRequired
+from localkb.errors import DecryptionFailed, InvalidArchive, PassphraseRequired
 
 MAGIC = b"AWKBENC\x00"
 VERSION = 1

@@ -13,17 +13,27 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import Literal, Protocol
 from urllib.parse import urlsplit
 
 import httpx
 
-from .errors import PrivacyBlocked
-
-if TYPE_CHECKING:
-    from .llm import Endpoint
+from localkb.errors import PrivacyBlocked
 
 Location = Literal["device", "cloud"]
+
+
+class EndpointRef(Protocol):
+    """What the gate reads of a model endpoint (``llm.Endpoint`` is one)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def base_url(self) -> str: ...
+
+    @property
+    def mark_cloud(self) -> bool: ...
 
 
 class KBRef(Protocol):
@@ -90,7 +100,7 @@ def _loopback_by_urllib(url: str) -> bool:
     return parsed.scheme.lower() in ("http", "https") and bool(host) and _is_loopback_host(host)
 
 
-def endpoint_location(endpoint: Endpoint | None) -> Location:
+def endpoint_location(endpoint: EndpointRef | None) -> Location:
     """``"device"`` when the endpoint is on this machine (or there is none), else ``"cloud"``."""
     if endpoint is None:
         return "device"
@@ -108,7 +118,7 @@ def endpoint_location(endpoint: Endpoint | None) -> Location:
 
 
 def allowed_knowledge_bases(
-    endpoint: Endpoint | None, kbs: Sequence[KBRef], *, strict: bool = False
+    endpoint: EndpointRef | None, kbs: Sequence[KBRef], *, strict: bool = False
 ) -> GateResult:
     """Split ``kbs`` into those that may reach ``endpoint`` and those skipped, with reasons.
 

@@ -32,7 +32,8 @@ from typing import Any
 
 import httpx
 
-from .errors import Cancelled, InvalidInput, LLMUnavailable, NotFound
+from localkb.answer.privacy import endpoint_location
+from localkb.errors import Cancelled, InvalidInput, LLMUnavailable, NotFound
 
 CONFIG_FILE = "config.json"
 _CONFIG_MODE = 0o600
@@ -77,8 +78,6 @@ class Endpoint:
 
     def public_dict(self) -> dict[str, Any]:
         """The endpoint as shown to the user and the extension: never the key itself."""
-        from .privacy import endpoint_location
-
         return {
             "name": self.name,
             "base_url": display_url(self.base_url),
@@ -356,8 +355,6 @@ def _api_url(endpoint: Endpoint, path: str) -> httpx.URL:
 
 
 def _client(endpoint: Endpoint, timeout: Timeouts) -> httpx.Client:
-    from .privacy import endpoint_location
-
     # A proxy from HTTP_PROXY/ALL_PROXY would carry an on-device prompt off the machine, so
     # loopback endpoints ignore the environment; cloud ones honour it (corporate proxies).
     # Redirects are never followed: a 3xx could lead a loopback request anywhere.

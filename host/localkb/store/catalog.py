@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import StoreError
+from localkb.errors import StoreError
 
 if TYPE_CHECKING:
     import numpy as np

@@ -14,9 +14,9 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from . import PROTOCOL_VERSION, __version__
-from .config import Settings
-from .errors import InvalidInput, LocalKBError
+from localkb import PROTOCOL_VERSION, __version__
+from localkb.config import Settings
+from localkb.errors import InvalidInput, LocalKBError
 
 MAX_TEXT = 64 * 1024 * 1024
 _store = None
@@ -28,7 +28,7 @@ def get_store():
     global _store  # noqa: PLW0603 - one store per host process, created lazily
     with _store_lock:
         if _store is None:
-            from .kb import Store
+            from localkb.store.kb import Store
 
             _store = Store(Settings.from_env())
         return _store
@@ -103,7 +103,7 @@ def h_status(data: dict, ctx) -> dict:
     try:
         settings = Settings.from_env()
         out["data_dir"] = str(settings.data_dir)
-        from .catalog import Catalog
+        from localkb.store.catalog import Catalog
 
         catalog = _store.catalog if _store is not None else Catalog(settings.data_dir / "catalog.sqlite")
         kbs = []
@@ -121,7 +121,7 @@ def h_status(data: dict, ctx) -> dict:
 
 
 def _index_health(settings: Settings, rec) -> str:
-    from .atomic import read_json
+    from localkb.atomic import read_json
 
     folder = settings.data_dir / "kbs" / rec.id
     vec = read_json(folder / f"vectors-{rec.model}.json")
@@ -134,7 +134,7 @@ def _index_health(settings: Settings, rec) -> str:
 
 
 def _model_state(settings: Settings) -> dict:
-    embed = sys.modules.get("localkb.embed")  # not imported yet: nothing can be loaded
+    embed = sys.modules.get("localkb.embedding.embedder")  # not imported yet: nothing can be loaded
     for (model_id, *_rest), emb in list(embed._SHARED.items() if embed else ()):
         if model_id == settings.default_model:
             info = emb.describe()
@@ -146,16 +146,16 @@ def _model_state(settings: Settings) -> dict:
 
 
 def _endpoint_state(settings: Settings) -> dict | None:
-    if "localkb.llm" not in sys.modules:
+    if "localkb.answer.llm" not in sys.modules:
         # Importing the HTTP client costs more than the cold-start budget allows; the
         # extension asks config.get for endpoints and their location.
-        from .atomic import read_json
+        from localkb.atomic import read_json
 
         raw = read_json(settings.data_dir / "config.json") or {}
         name = raw.get("default_endpoint")
         return {"name": name, "location": None} if name else None
     try:
-        from .llm import load_config
+        from localkb.answer.llm import load_config
 
         cfg = load_config(settings.data_dir)
     except LocalKBError as err:
@@ -190,7 +190,7 @@ def h_kb_delete(data: dict, ctx) -> dict:
 
 def h_source_add(data: dict, ctx) -> dict:
     """Save a captured page; streams ``progress`` events, ends with the honest report."""
-    from .ingest import add_capture
+    from localkb.ingest.pipeline import add_capture
 
     url = req_str(data, "url", required=False, max_len=8192)
     title = req_str(data, "title", required=False, max_len=2000, allow_empty=True)
@@ -212,7 +212,7 @@ def h_source_add(data: dict, ctx) -> dict:
 
 
 def h_source_list(data: dict, ctx) -> dict:
-    from .ingest import list_sources
+    from localkb.ingest.pipeline import list_sources
 
     kb = get_store().open_kb(req_str(data, "kb", max_len=200))
     rows, total = list_sources(kb, offset=req_int(data, "offset", 0, lo=0, hi=10**9),
@@ -221,14 +221,14 @@ def h_source_list(data: dict, ctx) -> dict:
 
 
 def h_source_remove(data: dict, ctx) -> dict:
-    from .ingest import remove_source
+    from localkb.ingest.pipeline import remove_source
 
     kb = get_store().open_kb(req_str(data, "kb", max_len=200))
     return remove_source(kb, req_str(data, "source", max_len=8192))
 
 
 def h_search(data: dict, ctx) -> dict:
-    from .search import Searcher
+    from localkb.retrieval.search import Searcher
 
     cutoff = data.get("cutoff")
     if cutoff is not None and (isinstance(cutoff, bool) or not isinstance(cutoff, int | float)):
@@ -254,14 +254,14 @@ def h_errors_list(data: dict, ctx) -> dict:
 
 
 def h_config_get(data: dict, ctx) -> dict:
-    from .llm import load_config
+    from localkb.answer.llm import load_config
 
     return load_config(get_store().root).public_dict()
 
 
 def h_config_set(data: dict, ctx) -> dict:
     """Replace the endpoint list; an endpoint without ``api_key`` keeps its stored key."""
-    from .llm import Endpoint, LLMConfig, load_config, save_config
+    from localkb.answer.llm import Endpoint, LLMConfig, load_config, save_config
 
     root = get_store().root
     old = load_config(root)
@@ -291,7 +291,7 @@ def _chat_shared():
     """The process-wide answer cache and pending confirmations (created on first chat)."""
     with _store_lock:
         if not _chat_state:
-            from .chat import AnswerCache, Confirmations
+            from localkb.answer.chat import AnswerCache, Confirmations
 
             _chat_state.update(cache=AnswerCache(), confirmations=Confirmations())
         return _chat_state["cache"], _chat_state["confirmations"]
@@ -299,8 +299,8 @@ def _chat_shared():
 
 def h_chat(data: dict, ctx) -> dict:
     """One grounded chat turn: ``step`` and ``token`` events (``confirm`` for a write), then the answer."""
-    from .chat import ChatOptions, parse_history, run_turn
-    from .llm import load_config
+    from localkb.answer.chat import ChatOptions, parse_history, run_turn
+    from localkb.answer.llm import load_config
 
     store = get_store()
     kbs = req_kbs(data)
@@ -351,7 +351,7 @@ def _get_uploads():
     global _uploads  # noqa: PLW0603 - one upload area per host process
     with _store_lock:
         if _uploads is None:
-            from .portable import Uploads
+            from localkb.portable.archive import Uploads
 
             _uploads = Uploads(Settings.from_env().data_dir)
         return _uploads
@@ -371,7 +371,7 @@ def h_kb_export(data: dict, ctx) -> dict:
     import tempfile
     from pathlib import Path
 
-    from .portable import SUFFIX, export_to_file
+    from localkb.portable.archive import SUFFIX, export_to_file
 
     store = get_store()
     kb = store.open_kb(req_str(data, "kb", max_len=200))
@@ -398,8 +398,8 @@ def h_kb_import(data: dict, ctx) -> dict:
     ``passphrase_required`` or ``decryption_failed``: then the same upload may be
     committed again with a passphrase (or aborted). Uploads also go when the host exits.
     """
-    from .errors import DecryptionFailed
-    from .portable import import_kb
+    from localkb.errors import DecryptionFailed
+    from localkb.portable.archive import import_kb
 
     uploads = _get_uploads()
     action = req_str(data, "action", max_len=20)
@@ -437,7 +437,7 @@ def h_kb_reembed(data: dict, ctx) -> dict:
     Stages: embed (batches, writers not blocked), catch-up (what changed meanwhile),
     switch (one transaction), index (the new model's vector index is built).
     """
-    from .reembed import reembed
+    from localkb.ingest.reembed import reembed
 
     report = reembed(get_store(), req_str(data, "kb", max_len=200), req_str(data, "model", max_len=100),
                      batch_size=req_int(data, "batch_size", 64, lo=1, hi=1024),

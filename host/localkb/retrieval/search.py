@@ -17,11 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .catalog import blob_vector, vector_key
-from .errors import EmbeddingUnavailable, InvalidInput, LocalKBError
-from .hybrid import rrf
-from .kb import KnowledgeBase, Store
-from .keywords import KeywordHit, is_identifier, query_terms
+from localkb.errors import EmbeddingUnavailable, InvalidInput, LocalKBError
+from localkb.retrieval.hybrid import rrf
+from localkb.store.catalog import blob_vector, vector_key
+from localkb.store.kb import KnowledgeBase, Store
+from localkb.store.keywords import KeywordHit, is_identifier, query_terms
 
 MODES = ("hybrid", "vector", "keyword")
 #: Below the cut-off by at most this much, a hit is a "weaker match"; further down it is noise.

@@ -48,12 +48,13 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from . import __version__, envelope
-from .catalog import chunk_id, source_id, vector_blob, vector_key
-from .chunk import passage_text
-from .embed import MODELS
-from .errors import Conflict, InvalidArchive, InvalidInput
-from .kb import PRIVACY, Change, KnowledgeBase, Store, _check_name
+from localkb import __version__
+from localkb.embedding.embedder import MODELS
+from localkb.errors import Conflict, InvalidArchive, InvalidInput
+from localkb.ingest.chunk import passage_text
+from localkb.portable import envelope
+from localkb.store.catalog import chunk_id, source_id, vector_blob, vector_key
+from localkb.store.kb import PRIVACY, Change, KnowledgeBase, Store, _check_name
 
 FORMAT = "awkb"
 VERSION = 1

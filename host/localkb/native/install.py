@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from localkb import protocol
 from localkb.errors import InvalidInput, NotFound
+from localkb.native import protocol
 
 HOST_NAME = "com.localkb.host"
 MANIFEST_FILE = f"{HOST_NAME}.json"
@@ -53,7 +53,7 @@ LAUNCHER_NAME = "localkb-host"
 BROWSERS = ("chrome", "chromium", "brave", "edge", "firefox")
 CHECK_TIMEOUT = 20.0
 
-_REPO = Path(__file__).resolve().parents[2]
+_REPO = Path(__file__).resolve().parents[3]
 TEMPLATE_DIR = _REPO / "manifest"
 EXTENSION_MANIFEST = _REPO / "extension" / "manifest.json"
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 from whoosh.analysis import Filter, RegexTokenizer
 
-from . import __version__
-from .atomic import read_json, write_json
-from .errors import IndexUnavailable
+from localkb import __version__
+from localkb.atomic import read_json, write_json
+from localkb.errors import IndexUnavailable
 
 MAX_QUERY_TERMS = 12
 TOKEN_PATTERN = r"\w+(?:[-./:'’]\w+)*"  # noqa: S105 - a regex, not a password

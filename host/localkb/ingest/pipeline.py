@@ -21,9 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .catalog import chunk_id, source_id, valid_vector, vector_blob, vector_key
-from .chunk import Chunk, chunk_document, passage_text
-from .errors import (
+from localkb.errors import (
     Cancelled,
     EmbeddingUnavailable,
     FetchFailed,
@@ -33,8 +31,10 @@ from .errors import (
     NothingWritten,
     SourceNotFound,
 )
-from .extract import SUPPORTED_SUFFIXES, Document, extract_bytes, extract_html, extract_text
-from .kb import Change, KnowledgeBase
+from localkb.ingest.chunk import Chunk, chunk_document, passage_text
+from localkb.ingest.extract import SUPPORTED_SUFFIXES, Document, extract_bytes, extract_html, extract_text
+from localkb.store.catalog import chunk_id, source_id, valid_vector, vector_blob, vector_key
+from localkb.store.kb import Change, KnowledgeBase
 
 CHUNKER_VERSION = "1"
 EMBED_GROUP = 64

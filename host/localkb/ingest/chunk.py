@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .extract import Document
+from localkb.ingest.extract import Document
 
 TokenCounter = Callable[[Sequence[str]], list[int]]
 

@@ -1,0 +1,1 @@
+"""Answers: the privacy gate, the model endpoints and their client, and grounded chat."""

@@ -1,0 +1,1 @@
+"""Portable ``.awkb`` files: export, validated import, and the optional encryption envelope."""
