@@ -160,3 +160,18 @@ def test_config_check_returns_the_gates_own_verdict(settings, url, location):
     assert "api_key" not in reply["result"]["endpoint"]
     if location is not None:
         assert expected == location
+
+
+def test_continue_sends_the_stopped_answer_and_returns_the_whole_text(store):
+    _seed(store, "Docs", ("Green tea", TEA))
+    with FakeLLM(reply=" for two minutes [1].") as llm:
+        ep = Endpoint(name="local", base_url=llm.base_url, model="fake-model")
+        tokens: list[str] = []
+        res = run_turn(store, ["Docs"], QUESTION, endpoint=ep, on_token=tokens.append,
+                       options=ChatOptions(continue_from="Green tea is brewed at 80 °C [1]"))
+        sent = llm.requests[-1]["messages"]
+    assert sent[-2] == {"role": "assistant", "content": "Green tea is brewed at 80 °C [1]"}
+    assert sent[-1]["role"] == "user" and "Continue your answer" in sent[-1]["content"]
+    assert "".join(tokens) == " for two minutes [1]."
+    assert res.answer == "Green tea is brewed at 80 °C [1] for two minutes [1]."
+    assert [c["n"] for c in res.citations] == [1]

@@ -136,6 +136,9 @@ class ChatOptions:
     kind: str = "chat"
     #: Why there is no model, when ``endpoint`` is None (said in the answer and its line).
     no_model_reason: str = "no model is configured"
+    #: An answer stopped part-way, to be continued (streamed tokens are the continuation;
+    #: the result's ``answer`` is the whole text).
+    continue_from: str = ""
 
 
 # --------------------------------------------------------------------------- follow-ups
@@ -342,7 +345,7 @@ def passage_context(catalog: Catalog, hit: Hit, radius: int = CONTEXT_RADIUS) ->
 def build_messages(question: str, passages: Sequence[Hit], *, unavailable: Sequence[str] = (),
                    history: Sequence[Mapping[str, str]] = (), rewritten: str | None = None,
                    tools_offered: bool = False, nonce: str | None = None,
-                   contexts: Sequence[str] | None = None) -> list[dict[str, str]]:
+                   contexts: Sequence[str] | None = None, partial: str = "") -> list[dict[str, str]]:
     """The chat prompt: instructions, earlier turns, then the fenced passages and the question.
 
     ``contexts`` (one per passage) replaces each passage's text with the passage in its
@@ -384,8 +387,14 @@ def build_messages(question: str, passages: Sequence[Hit], *, unavailable: Seque
     if rewritten and rewritten != question:
         parts.append(f"(Searched as: {rewritten})")
     parts.append(f"Question: {question}")
-    return [{"role": "system", "content": system}, *history,
-            {"role": "user", "content": "\n".join(parts)}]
+    messages = [{"role": "system", "content": system}, *history,
+                {"role": "user", "content": "\n".join(parts)}]
+    if partial:
+        # "Continue" after Stop: the model sees its own unfinished answer and goes on from it.
+        messages += [{"role": "assistant", "content": partial},
+                     {"role": "user", "content": "Continue your answer exactly where it stopped. Do not "
+                      "repeat what you already wrote; keep citing the passages by number."}]
+    return messages
 
 
 def check_citations(answer: str, given: int) -> tuple[str, list[int], list[int]]:
@@ -772,7 +781,7 @@ def run_turn(
         options.k, options.use_weaker_matches, weaker_ids,
     )
     qvec = None
-    if cache is not None and not tools_offered:
+    if cache is not None and not tools_offered and not options.continue_from:
         hit, how, cos = cache.get(query, parts, None)
         if hit is None:
             # Only a miss pays for the query embedding that the semantic cache compares.
@@ -861,7 +870,8 @@ def run_turn(
             message, passages, contexts=[passage_context(store.catalog, h) for h in passages],
             unavailable=[s.kb_name for s in unavailable],
             history=gated_history(store, endpoint, list(history)[-HISTORY_TURNS:]),
-            rewritten=query, tools_offered=tools_offered and bool(targets))
+            rewritten=query, tools_offered=tools_offered and bool(targets),
+            partial=options.continue_from)
         t0 = time.perf_counter()
         calls: list[ToolCall] = []
         try:
@@ -878,7 +888,8 @@ def run_turn(
                 if on_token is not None:
                     on_token(piece)
             generated = True
-            answer, cited, removed = check_citations("".join(pieces), len(passages))
+            answer, cited, removed = check_citations(options.continue_from + "".join(pieces),
+                                                     len(passages))
         except LLMUnavailable as err:
             model_failed = True
             store.catalog.log_error("chat", err.code, str(err))
@@ -935,6 +946,7 @@ def run_turn(
         tool_calls=tool_calls, kbs=sorted({h.kb for h in passages}),
         summary=summary_line(statuses), answer_line=line)
     if (cache is not None and not tools_offered and not model_failed and not unavailable
+            and not options.continue_from
             and not tool_calls):
         cache.put(query, parts, qvec, result.to_dict())
     _log(store, trace, message, records)

@@ -340,7 +340,9 @@ def h_chat(data: dict, ctx) -> dict:
     options = ChatOptions(k=req_int(data, "k", 8, lo=1, hi=50), use_weaker_matches=weaker,
                           weaker_kbs=weaker_kbs, strict=req_bool(data, "strict"), kind="chat",
                           no_model_reason="you chose no model" if extractive
-                          else "no model is configured")
+                          else "no model is configured",
+                          continue_from=req_str(data, "continue_from", required=False,
+                                                max_len=32_000) or "")
     cache, confirmations = _chat_shared()
     timeout = store.settings.confirm_timeout_s
 
