@@ -177,6 +177,7 @@ async function loadEndpoints() {
     el("option", { value: NO_MODEL, selected: state.endpoint === NO_MODEL, text: "No model — quote passages" }),
   );
   $("endpoint-wrap").hidden = state.endpoints.length === 0;
+  document.body.dataset.endpoints = state.endpoints.length ? "some" : "none";
 }
 
 /**
@@ -286,9 +287,13 @@ function renderKbButton() {
   const names = chosen.map((kb) => kb.name);
   $("kb-chips").textContent = !state.kbs.length
     ? "no knowledge base yet"
-    : chosen.length === state.kbs.length && chosen.length > 1
-      ? `all ${chosen.length}`
-      : names.join(", ") || "none chosen";
+    : !chosen.length
+      ? "none chosen"
+      : chosen.length <= 3
+        ? names.join(", ")
+        : chosen.length === state.kbs.length
+          ? `all ${chosen.length} knowledge bases`
+          : `${chosen.length} of ${state.kbs.length}: ${names.join(", ")}`;
   const skipped = modelIsCloud() ? chosen.filter((kb) => kb.privacy !== "cloud").length : 0;
   const warning = $("kb-warning");
   warning.hidden = skipped === 0;
@@ -533,6 +538,7 @@ async function renderChatList() {
               type: "button",
               class: "small danger",
               text: "Delete",
+              "aria-label": `Yes, delete chat ${c.title}`,
               onclick: async () => {
                 await chats.remove(c.id);
                 if (c.id === state.chat.id) {
@@ -691,6 +697,8 @@ async function ask(message, options = {}) {
   else data.extractive = true;
   if (turn.weakerKbs?.length) data.use_weaker_matches = turn.weakerKbs;
   if (prefix) data.continue_from = prefix;
+  // Asking the same turn again wants a new answer, not the cached one.
+  if (options.replace !== undefined) data.regenerate = true;
   try {
     const result = await host.request("chat", data, {
       signal: controller.signal,
@@ -1032,6 +1040,7 @@ function toolOutcome(call) {
 
 /** @param {boolean} asking */
 function setAsking(asking) {
+  document.body.dataset.asking = String(asking);
   /** @type {HTMLButtonElement} */ ($("send")).disabled = asking;
   $("stop").hidden = !asking;
   $("new-chat").disabled = asking;
@@ -1098,8 +1107,13 @@ async function testSearch(status, query) {
       "div",
       { class: "bar-row", dataset: { above: String(row.above) } },
       el("span", { class: "bar-title", text: row.label, title: row.label }),
-      el("span", { class: "bar-snippet", text: snippet(row.hit.text) }),
-      el("div", { class: "bar-track" }, el("div", { class: `bar-fill ${row.above ? "above" : "below"}`, style: { width: `${row.pct}%` } })),
+      el("span", { class: "bar-snippet", text: snippet(row.hit.text, row.hit.title) }),
+      el(
+        "div",
+        { class: "bar-track" },
+        el("div", { class: `bar-fill ${row.above ? "above" : "below"}`, style: { width: `${row.pct}%` } }),
+        layout.cutoffPct === null ? null : el("div", { class: "cutoff-tick", style: { left: `${layout.cutoffPct}%` }, "aria-hidden": "true" }),
+      ),
       el("span", { class: "bar-score", text: scoreWords(row) }),
     ),
   );
@@ -1127,11 +1141,17 @@ async function testSearch(status, query) {
 }
 
 /**
- * The first words of a passage, for the search test's rows.
+ * The first words of a passage, for the search test's rows: without the title line the host
+ * puts in front of every passage (the row already shows the title), headings set off by " · ".
  * @param {string | undefined} text
+ * @param {string | undefined} title
  */
-function snippet(text) {
-  const flat = String(text ?? "").replace(/^#+\s*/gm, "").replace(/\s+/g, " ").trim();
+function snippet(text, title) {
+  let lines = String(text ?? "").split("\n").map((l) => l.trim()).filter(Boolean);
+  if (lines.length > 1 && title && (lines[0] === title.trim() || (lines[0].endsWith("…") && title.startsWith(lines[0].slice(0, -1))))) lines = lines.slice(1);
+  // A heading that repeats the title (a page's own <h1>) says nothing the row does not.
+  lines = lines.filter((l, i) => !(i === 0 && /^#+\s/.test(l) && l.replace(/^#+\s*/, "") === String(title ?? "").trim()));
+  const flat = lines.map((l) => (/^#+\s/.test(l) ? `${l.replace(/^#+\s*/, "")} ·` : l)).join(" ").replace(/\s+/g, " ").trim();
   return flat.length > 160 ? `${flat.slice(0, 160).replace(/\s+\S*$/, "")}…` : flat;
 }
 

@@ -352,8 +352,10 @@ def h_chat(data: dict, ctx) -> dict:
         ctx.emit("confirm", {**request, "expires_in_s": timeout})
         return confirmations.wait(ctx.id, request["call_id"], ctx.cancelled, timeout=timeout)
 
+    # "Regenerate" asks for a new answer: the cached one is neither read nor replaced.
     result = run_turn(store, kbs, message, history=history, endpoint=endpoint, options=options,
-                      cache=cache, on_step=lambda s: ctx.emit("step", s),
+                      cache=None if req_bool(data, "regenerate") else cache,
+                      on_step=lambda s: ctx.emit("step", s),
                       on_token=lambda t: ctx.emit("token", {"text": t}), confirm=confirm,
                       cancel=ctx.cancelled)
     return result.to_dict()
