@@ -218,7 +218,7 @@ function renderKnowledgeBases() {
       ),
       el("td", { class: "num", text: String(kb.sources ?? 0) }),
       el("td", { class: "num", text: String(kb.chunks ?? 0) }),
-      el("td", { class: "muted", text: kb.model ?? "–" }),
+      el("td", { class: "muted model", text: kb.model ?? "–" }),
       el(
         "td",
         null,

@@ -199,7 +199,7 @@ function renderModel() {
   // With endpoints configured the select names the model; otherwise the text does.
   name.hidden = state.endpoints.length > 0;
   if (!model) {
-    name.textContent = "No language model";
+    name.textContent = "No model";
     name.title = modelLine(null);
     where.hidden = false;
     where.textContent = "quotes passages";
@@ -521,6 +521,7 @@ async function renderChatList() {
               done(false);
             }
           });
+          item.classList.add("inline");
           setChildren(item, input, el("button", { type: "button", class: "small primary", text: "Save", onclick: () => done(true) }));
           input.focus();
         },
@@ -531,6 +532,7 @@ async function renderChatList() {
         text: "Delete",
         "aria-label": `Delete chat ${c.title}`,
         onclick: () => {
+          item.classList.add("inline");
           setChildren(
             item,
             el("span", { text: `Delete “${c.title}”?` }),
@@ -694,7 +696,7 @@ async function ask(message, options = {}) {
   /** @type {Record<string, any>} */
   const data = { kbs, message, history };
   if (endpoint) data.endpoint = endpoint;
-  else data.extractive = true;
+  else if (state.endpoints.length) data.extractive = true; // chosen; without endpoints the host says so itself
   if (turn.weakerKbs?.length) data.use_weaker_matches = turn.weakerKbs;
   if (prefix) data.continue_from = prefix;
   // Asking the same turn again wants a new answer, not the cached one.
@@ -996,14 +998,16 @@ function confirmCard(request, target) {
       el("dd", { text: `${chars.toLocaleString()} characters${complete ? ", all shown below" : ""}` }),
     ),
     el("pre", { class: "confirm-text", tabindex: "0", "aria-label": "The exact text that would be saved", text }),
-    complete
-      ? null
-      : el("p", {
-          class: "notice",
-          text: `Only ${text.length.toLocaleString()} of ${chars.toLocaleString()} characters arrived, so this cannot be approved: you would not see what is written.`,
-        }),
-    el("div", { class: "row" }, approve, decline, countdown),
   );
+  if (!complete) {
+    card.append(
+      el("p", {
+        class: "notice",
+        text: `Only ${text.length.toLocaleString()} of ${chars.toLocaleString()} characters arrived, so this cannot be approved: you would not see what is written.`,
+      }),
+    );
+  }
+  card.append(el("div", { class: "row" }, approve, decline, countdown));
   /** @type {any} */ (card).__timer = timer;
   return card;
 }

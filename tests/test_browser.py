@@ -367,7 +367,7 @@ def test_panel_lists_kbs_with_privacy_and_the_save_reports(browser, saved):
     options.first.wait_for()
     by_name = {o.locator(".name").inner_text(): o.locator(".pill").inner_text() for o in options.all()}
     assert by_name == {"Docs": "cloud OK", "Private": "device only"}
-    assert panel.locator("#model-name").inner_text() == "No language model"
+    assert panel.locator("#model-name").inner_text() == "No model"
     assert panel.locator("#model-where").inner_text() == "quotes passages"
     panel.keyboard.press("Escape")
     _open_saves(panel)
@@ -476,10 +476,10 @@ def test_device_only_kb_is_skipped_for_a_cloud_model_and_never_sent(browser, sav
     _ask(panel, QUESTION)
     answer = _last_answer(panel)
     answer.locator(".answer-meta").wait_for()
-    _open_steps(answer)
     # Skipped knowledge bases stay visible above the folded steps.
     skipped = answer.locator(".step-alerts .step[data-status='skipped'] .text").all_inner_texts()
     assert answer.locator(".step-alerts").is_visible()
+    _open_steps(answer)
     assert skipped == ["Private · skipped · device only, cloudy is a cloud model"], skipped
     assert any(re.fullmatch(r"Docs · \d+ passages?", s)
                for s in answer.locator(".step .text").all_inner_texts())
@@ -1123,6 +1123,11 @@ def test_a_stored_api_key_survives_reload_and_save_on_the_options_page(browser, 
         "(rows) => rows.map((r) => new Set([...r.children].map("
         "(b) => Math.round(b.getBoundingClientRect().top))).size)")
     assert tops and set(tops) == {1}, tops
+    # ...and every one of them is whole, inside the table's box (not cut off by it).
+    clipped = options.locator("#kb-table td .actions button").evaluate_all("""(bs) => {
+        const box = document.querySelector('.table-wrap').getBoundingClientRect();
+        return bs.filter((b) => b.getBoundingClientRect().right > box.right + 0.5).map((b) => b.textContent); }""")
+    assert clipped == [], clipped
     options.screenshot(path=str(ARTIFACTS / "options-1280.png"), full_page=True)
     options.close()
     _host(browser, "config.set", {"endpoints": [e for e in keep if e["name"] != "keyed"],
@@ -1362,6 +1367,7 @@ def test_a_model_write_shows_the_whole_text_and_is_written_only_when_approved(br
         # Before: the panel never answered (the turn hung for 600 s), and the host sent 4,000 of 4,655.
         assert shown == WRITE_TEXT and len(shown) == 4655
         assert "4,655 characters, all shown below" in card.inner_text()
+        assert "null" not in card.inner_text()
         overflow = card.locator(".confirm-text").evaluate(
             "(n) => [n.scrollHeight > n.clientHeight, getComputedStyle(n).overflowY]")
         assert overflow == [True, "auto"]  # scrollable, not cut
