@@ -1126,7 +1126,8 @@ def test_a_stored_api_key_survives_reload_and_save_on_the_options_page(browser, 
     # ...and every one of them is whole, inside the table's box (not cut off by it).
     clipped = options.locator("#kb-table td .actions button").evaluate_all("""(bs) => {
         const box = document.querySelector('.table-wrap').getBoundingClientRect();
-        return bs.filter((b) => b.getBoundingClientRect().right > box.right + 0.5).map((b) => b.textContent); }""")
+        return bs.filter((b) => b.getBoundingClientRect().right > box.right + 0.5)
+                 .map((b) => b.textContent); }""")
     assert clipped == [], clipped
     options.screenshot(path=str(ARTIFACTS / "options-1280.png"), full_page=True)
     options.close()
