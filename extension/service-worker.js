@@ -319,7 +319,13 @@ export async function save(request) {
           if (stage !== job.stage || done - lastWrite >= step || done === total) {
             lastWrite = done;
             job.stage = stage;
-            updateJob(id, { stage, done, total });
+            // Job-wide figures (sources done of total, current file, passages, ETA) when the
+            // host sends them; render.progressText words whatever is there.
+            const wide = Object.fromEntries(
+              ["sources_done", "sources_total", "current", "passages", "eta_s"]
+                .filter((k) => data?.[k] !== undefined).map((k) => [k, data[k]]),
+            );
+            updateJob(id, { stage, done, total, ...wide });
           }
           if (stage === "embed" && total >= LONG_SAVE_PASSAGES) {
             progressShown = true;
