@@ -1053,7 +1053,8 @@ before connecting the power harness.</p>
 """
 
 
-def test_a_citation_opens_the_page_at_the_passage_not_at_its_table_of_contents(browser, saved, pages):
+def test_a_citation_opens_the_page_at_the_passage_not_at_its_table_of_contents(browser, saved, pages,
+                                                                            endpoints):
     pages.routes["/handbook.html"] = ("text/html; charset=utf-8", TOC_HTML.encode())
     kb = _host(browser, "kb.create", {"name": "Handbook", "privacy": "device"})["knowledge_base"]
     tab = _open_tab(browser, pages.url("/handbook.html"))
