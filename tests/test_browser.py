@@ -889,6 +889,14 @@ def md_llm(browser: ExtensionBrowser, saved: dict) -> Iterator[FakeLLM]:
         yield llm
 
 
+def _panel_for(browser: ExtensionBrowser, endpoint: str, kb_names: set[str]):
+    """A 400 x 800 panel set to answer with ``endpoint`` from the knowledge bases named."""
+    panel = _open_panel(browser, width=400, height=800)
+    panel.select_option("#endpoint", endpoint)
+    _select_kbs(panel, kb_names)
+    return panel
+
+
 def _select_kbs(panel, names: set[str]) -> None:
     _open_kb_picker(panel)
     for option in panel.locator("#kb-list .kb-option").all():
@@ -1059,9 +1067,7 @@ def test_a_citation_opens_the_page_at_the_passage_not_at_its_table_of_contents(b
     kb = _host(browser, "kb.create", {"name": "Handbook", "privacy": "device"})["knowledge_base"]
     tab = _open_tab(browser, pages.url("/handbook.html"))
     assert _menu_click(browser, {"menuItemId": f"save-page@{kb['id']}"}, tab)["state"] == "done"
-    panel = _open_panel(browser, width=400, height=800)
-    panel.select_option("#endpoint", "__none__")
-    _select_kbs(panel, {"Handbook"})
+    panel = _panel_for(browser, "__none__", {"Handbook"})
     _ask(panel, "How tight should the bolts of the flux unit be when mounting it on the rail?")
     answer = _last_answer(panel)
     answer.locator(".answer-meta").wait_for()
@@ -1207,9 +1213,7 @@ def test_allow_access_asks_for_the_failing_site_only(browser, saved, pages, kbs)
 
 
 def test_regenerate_edit_and_stop_then_continue(browser, saved, endpoints, fake_llm):
-    panel = _open_panel(browser, width=400, height=800)
-    panel.select_option("#endpoint", "local")
-    _select_kbs(panel, {"Docs"})
+    panel = _panel_for(browser, "local", {"Docs"})
     _ask(panel, "What does ERR_1200 mean?")
     answer = _last_answer(panel)
     answer.locator(".answer-meta").wait_for()
@@ -1315,9 +1319,7 @@ def test_a_host_that_stops_mid_answer_says_what_to_do_and_retries(browser, saved
     import os
     import signal
 
-    panel = _open_panel(browser, width=400, height=800)
-    panel.select_option("#endpoint", "local")
-    _select_kbs(panel, {"Docs"})
+    panel = _panel_for(browser, "local", {"Docs"})
     _ask(panel, QUESTION)
     panel.wait_for_function(LAST_ANSWER + " return a && a.textContent.trim().length > 0; }")
     # The panel's own host is the one started last (the worker's stays up).
@@ -1358,9 +1360,7 @@ def test_a_model_write_shows_the_whole_text_and_is_written_only_when_approved(br
 
     with ToolLLM(tool_fn=_write_call, reply="Saving it.") as llm:
         _tool_browser_setup(browser, llm)
-        panel = _open_panel(browser, width=400, height=800)
-        panel.select_option("#endpoint", "tooly")
-        _select_kbs(panel, {"Docs"})
+        panel = _panel_for(browser, "tooly", {"Docs"})
         _ask(panel, "Please save this note to my knowledge base Docs: the kettle maintenance log.")
         card = panel.locator(".confirm-card")
         card.wait_for()
