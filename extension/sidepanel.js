@@ -808,7 +808,13 @@ function renderFinal(block, turn, index) {
   );
   // Skipped and unavailable knowledge bases already have their own lines above.
   const shown = new Set(statuses.filter((s) => s.status === "skipped" || s.status === "unavailable").map((s) => s.kb_name));
-  const notes = (turn.notes ?? []).filter((n) => ![...shown].some((name) => n.startsWith(`${name} was not searched`) || n.startsWith(`The search of ${name} did not run`)));
+  // ...and a model's write request has its card, which says how it ended.
+  const carded = block.confirm.childElementCount > 0;
+  const notes = (turn.notes ?? []).filter(
+    (n) =>
+      ![...shown].some((name) => n.startsWith(`${name} was not searched`) || n.startsWith(`The search of ${name} did not run`)) &&
+      !(carded && (n.startsWith("add_to_knowledge_base:") || n.startsWith("Saved “"))),
+  );
   setChildren(block.notes, ...notes.map((n) => el("li", { text: n })));
   const meta = [];
   if (turn.answer_line) meta.push(turn.answer_line);
