@@ -761,12 +761,16 @@ async function ask(message, options = {}) {
     else if (HOST_GONE.has(e.code)) setHostDown(true);
   } finally {
     if (frame) cancelAnimationFrame(frame);
+  }
+  try {
+    for (const card of block.confirm.querySelectorAll(".confirm-card")) settleConfirm(/** @type {any} */ (card), turn);
+    renderFinal(block, turn, index);
+    // The turn is over once it is stored: a panel (or browser) closed right after keeps it.
+    await saveChat();
+  } finally {
     state.asking = null;
     setAsking(false);
   }
-  for (const card of block.confirm.querySelectorAll(".confirm-card")) settleConfirm(/** @type {any} */ (card), turn);
-  renderFinal(block, turn, index);
-  await saveChat();
   box.scrollTop = box.scrollHeight;
 }
 
@@ -966,6 +970,7 @@ function confirmCard(request, target) {
     decline.disabled = true;
     clearInterval(timer);
     card.dataset.state = yes ? "approved" : "declined";
+    card.dataset.answered = "true";
     countdown.textContent = yes ? "Approved: writing…" : "Declined: nothing will be written.";
     try {
       const { delivered } = await host.request("chat.confirm", { target, call_id: request.call_id, approve: yes });
@@ -1029,8 +1034,12 @@ function settleConfirm(card, turn) {
   const call = (turn.tool_calls ?? []).find((c) => c.call_id === card.dataset.call);
   const countdown = card.querySelector(".countdown");
   if (call && countdown) {
-    card.dataset.state = call.status === "written" ? "approved" : card.dataset.state === "timeout" ? "timeout" : "declined";
-    countdown.textContent = call.status === "written" ? `Saved: ${call.reason}` : `Not written: ${call.reason}`;
+    // Not answered here and not written: the host's wait ran out (its reply can beat our clock).
+    const timedOut = call.status !== "written" && card.dataset.answered !== "true";
+    card.dataset.state = call.status === "written" ? "approved" : timedOut ? "timeout" : "declined";
+    countdown.textContent = call.status === "written"
+      ? `Saved: ${call.reason}`
+      : `${timedOut ? "No answer in time. " : ""}Not written: ${call.reason}`;
   } else if (countdown && card.dataset.state === "waiting") {
     countdown.textContent = "The turn ended before an answer: nothing was written.";
   }
