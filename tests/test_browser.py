@@ -1406,7 +1406,8 @@ def test_a_write_nobody_answers_times_out_visibly(pw, tmp_path, pages):
         assert re.search(r"\d s left, then it counts as Decline", card.locator(".countdown").inner_text())
         _last_answer(panel).locator(".answer-meta span").first.wait_for()
         assert card.get_attribute("data-state") == "timeout"
-        assert card.locator(".countdown").inner_text().startswith("No answer in time. Not written: not confirmed")
+        said = card.locator(".countdown").inner_text()
+        assert said.startswith("No answer in time. Not written: not confirmed"), said
         assert card.get_by_role("button", name="Approve").is_disabled()
         _shots(panel, "confirm-timeout")
         panel.close()
