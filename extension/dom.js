@@ -49,22 +49,19 @@ export function setChildren(node, ...children) {
 }
 
 /**
- * The notice shown when the host is not installed or not reachable: what is
- * wrong, the one command that fixes it, and a button to check again.
- * @param {{code?: string, message?: string, onRetry: () => void}} options
- * @returns {HTMLElement}
+ * One command with a Copy button.
+ * @param {string} text
  */
-export function hostMissingNotice({ code, message, onRetry }) {
-  const missing = code === undefined || code === "host_missing";
-  const command = el("code", { text: INSTALL_COMMAND });
+function commandRow(text) {
+  const command = el("code", { text });
   const copy = el("button", {
     type: "button",
     class: "small",
     text: "Copy",
-    "aria-label": "Copy the install command",
+    "aria-label": `Copy the command ${text}`,
     onclick: async () => {
       try {
-        await navigator.clipboard.writeText(INSTALL_COMMAND);
+        await navigator.clipboard.writeText(text);
         copy.textContent = "Copied";
       } catch {
         // Clipboard access can be refused; the command is selectable text anyway.
@@ -72,17 +69,36 @@ export function hostMissingNotice({ code, message, onRetry }) {
       }
     },
   });
+  return el("div", { class: "command" }, command, copy);
+}
+
+/**
+ * The notice shown when the host is not installed or not reachable: what is
+ * wrong, the exact commands that fix it (including how to get `localkb` at
+ * all), and a button to check again.
+ * @param {{code?: string, message?: string, onRetry: () => void}} options
+ * @returns {HTMLElement}
+ */
+export function hostMissingNotice({ code, message, onRetry }) {
+  const missing = code === undefined || code === "host_missing";
+  const forbidden = code === "host_forbidden";
   return el(
     "section",
     { class: "host-missing", role: "alert", id: "host-missing" },
     el("h2", { text: missing ? "LocalKB's host is not installed" : "LocalKB's host is not reachable" }),
     el("p", {
       text: missing
-        ? "LocalKB keeps your knowledge bases in a program on this computer, and the browser cannot find it. Install it once from a terminal:"
-        : "LocalKB keeps your knowledge bases in a program on this computer, and it did not answer. Installing it again repairs its registration:",
+        ? "LocalKB keeps your knowledge bases in a program on this computer, and the browser cannot find it."
+        : forbidden
+          ? "The host is registered for another copy of this extension (a different extension id)."
+          : "LocalKB keeps your knowledge bases in a program on this computer, and it did not answer.",
     }),
-    el("div", { class: "command" }, command, copy),
-    el("p", { class: "muted", text: "Then restart the browser, or press Check again." }),
+    el("p", { text: "In a terminal, in the LocalKB folder (the one this extension's folder is in), install it once:" }),
+    commandRow("make install"),
+    el("p", { text: "then register it with your browsers:" }),
+    commandRow(`.venv/bin/${INSTALL_COMMAND}`),
+    el("p", { class: "muted" }, "Already installed? ", el("code", { text: `${INSTALL_COMMAND} --check` }), " says what is registered and whether it answers."),
+    el("p", { class: "muted", text: "Then press Check again (after a first install, restart the browser)." }),
     message ? el("p", { class: "muted", text: `Details: ${message}` }) : null,
     el("button", { type: "button", class: "primary", text: "Check again", onclick: onRetry }),
   );

@@ -37,35 +37,72 @@ function lineWords(line) {
   return words.slice(start, end);
 }
 
+const HEADING = /^\s*#{1,6}\s/;
+
+/**
+ * Whether `line` is the title line the host puts in front of every passage
+ * (the title, or its first ~80 characters cut at a word and ended with "…").
+ * @param {string} line
+ * @param {string | undefined} title
+ */
+function isTitleLine(line, title) {
+  const t = String(title ?? "").trim();
+  const l = line.trim();
+  if (!t || !l) return false;
+  if (l === t) return true;
+  return l.endsWith("…") && t.startsWith(l.slice(0, -1).trimEnd());
+}
+
+/**
+ * Start and end terms for lines of one passage body.
+ * @param {string[][]} lines words per line
+ * @param {boolean} wholeStart the first line starts a block (never cut by a chunk edge)
+ */
+function startEnd(lines, wholeStart) {
+  const first = lines[0];
+  const last = lines[lines.length - 1];
+  if (lines.length === 1 && first.length <= EXACT_MAX_WORDS) return encodeTextTerm(first.join(" "));
+  const startWords = !wholeStart && first.length > EDGE_WORDS + 1 ? first.slice(1, EDGE_WORDS + 1) : first.slice(0, EDGE_WORDS);
+  const endWords = last.length > EDGE_WORDS + 1 ? last.slice(-EDGE_WORDS - 1, -1) : last;
+  if (lines.length === 1 && first.length <= 2 * EDGE_WORDS + 2) {
+    // Start and end would overlap: one exact term of the inner words is both.
+    return encodeTextTerm((wholeStart ? first.slice(0, -1) : first.slice(1, -1)).join(" "));
+  }
+  return `${encodeTextTerm(startWords.join(" "))},${encodeTextTerm(endWords.join(" "))}`;
+}
+
 /**
  * The text directive (without `#:~:`) that finds `passage` in a page, or
  * null when the passage has no words.
  *
- * A start term is taken from the first line and an end term from the last,
- * because a single term cannot match across block boundaries. On long
- * passages the outermost word at each end is dropped: chunk edges can cut a
- * word in two, and a fragment term only matches whole words.
+ * The terms come from the passage's body. A heading that opens the passage
+ * becomes the directive's prefix (`heading-,start,end`), never its start: a
+ * page's table of contents repeats its headings, and a heading as the start
+ * matched there first, so the page opened at its top. The title line the host
+ * puts in front of every passage is left out (pass `title`).
+ *
+ * A start term is taken from the first body line and an end term from the
+ * last, because a single term cannot match across block boundaries. On long
+ * passages the outermost word at each end is dropped (chunk edges can cut a
+ * word in two, and a fragment term only matches whole words), except the
+ * first word after a heading, which no chunk edge cuts.
  * @param {string} passage
+ * @param {{title?: string}} [options]
  * @returns {string | null}
  */
-export function textDirective(passage) {
-  const lines = String(passage ?? "")
-    .split(/\r?\n/)
-    .map(lineWords)
-    .filter((w) => w.length > 0);
-  if (lines.length === 0) return null;
-  const first = lines[0];
-  const last = lines[lines.length - 1];
-  if (lines.length === 1 && first.length <= EXACT_MAX_WORDS) {
-    return `text=${encodeTextTerm(first.join(" "))}`;
+export function textDirective(passage, options = {}) {
+  let raw = String(passage ?? "").split(/\r?\n/).filter((l) => lineWords(l).length > 0);
+  if (raw.length > 1 && isTitleLine(raw[0], options.title)) raw = raw.slice(1);
+  if (raw.length === 0) return null;
+  let prefix = "";
+  let body = raw;
+  if (HEADING.test(raw[0]) && raw.length > 1 && !HEADING.test(raw[1])) {
+    const heading = lineWords(raw[0]);
+    prefix = `${encodeTextTerm(heading.slice(-EDGE_WORDS).join(" "))}-,`;
+    body = raw.slice(1);
   }
-  const startWords = first.length > EDGE_WORDS + 1 ? first.slice(1, EDGE_WORDS + 1) : first;
-  const endWords = last.length > EDGE_WORDS + 1 ? last.slice(-EDGE_WORDS - 1, -1) : last;
-  if (lines.length === 1 && first.length <= 2 * EDGE_WORDS + 2) {
-    // Start and end would overlap: one exact term of the inner words is both.
-    return `text=${encodeTextTerm(first.slice(1, -1).join(" "))}`;
-  }
-  return `text=${encodeTextTerm(startWords.join(" "))},${encodeTextTerm(endWords.join(" "))}`;
+  const lines = body.map(lineWords);
+  return `text=${prefix}${startEnd(lines, prefix !== "")}`;
 }
 
 /**
@@ -88,10 +125,11 @@ function splitHash(url) {
  * Returns `url` unchanged when the passage has no words.
  * @param {string} url
  * @param {string} passage
+ * @param {{title?: string}} [options] the source's title, whose line leads every passage
  * @returns {string}
  */
-export function textFragmentUrl(url, passage) {
-  const directive = textDirective(passage);
+export function textFragmentUrl(url, passage, options = {}) {
+  const directive = textDirective(passage, options);
   if (directive === null) return url;
   const { base, hash } = splitHash(url);
   return `${base}#${hash}:~:${directive}`;
@@ -112,7 +150,7 @@ export function pdfPageUrl(url, page) {
  * The link a passage card shows: a PDF page when the passage has a page,
  * otherwise a text fragment of the passage; null for a source without a
  * link the browser may open (a local file path, a data: URL).
- * @param {{url?: string | null, page?: number | null, text?: string | null}} passage
+ * @param {{url?: string | null, page?: number | null, text?: string | null, title?: string | null}} passage
  * @returns {string | null}
  */
 export function sourceLink(passage) {
@@ -121,6 +159,6 @@ export function sourceLink(passage) {
   if (Number.isInteger(passage.page) && /** @type {number} */ (passage.page) >= 1) {
     return pdfPageUrl(url, /** @type {number} */ (passage.page));
   }
-  if (passage.text) return textFragmentUrl(url, passage.text);
+  if (passage.text) return textFragmentUrl(url, passage.text, { title: passage.title ?? undefined });
   return url;
 }

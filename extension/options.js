@@ -7,7 +7,7 @@ import { el, formatBytes, formatDate, hostMissingNotice, setChildren } from "./d
 import { rememberKnowledgeBases, setDefaultKnowledgeBase } from "./kbs.js";
 import { HostError, NativeHost } from "./native.js";
 import { base64ToBytes, bytesToBase64, splitBytes } from "./parts.js";
-import { endpointLocation, isHostMissing, privacyLabel } from "./render.js";
+import { isHostMissing, locationWords, privacyLabel } from "./render.js";
 
 const host = new NativeHost();
 /** Raw bytes per import part: 3/4 MiB becomes 1 MiB of base64, well under Chrome's 64 MiB. */
@@ -137,8 +137,10 @@ function renderHost(status) {
   const model = status.model ?? {};
   const modelText = [model.id, model.variant].filter(Boolean).join(" · ") || "–";
   const modelState = model.error ? `error: ${model.error}` : model.loaded ? "loaded" : "loads on first use";
-  const endpoint = status.endpoint
-    ? `${status.endpoint.name} · ${status.endpoint.location === "device" ? "on this device" : "cloud"}`
+  // The host may not have judged the location yet at a cold start (null); loadEndpoints
+  // fills this fact in again from config.get, which always carries the host's verdict.
+  const endpoint = status.endpoint?.name
+    ? `${status.endpoint.name} · ${locationWords(status.endpoint.location).text}`
     : "none (answers quote your passages)";
   const facts = [
     ["Host version", status.host_version ?? "–"],
@@ -159,7 +161,7 @@ async function loadErrors() {
         "tr",
         null,
         el("td", { text: formatDate(e.at) }),
-        el("td", { text: [e.kb, e.source].filter(Boolean).join(" · ") || "–" }),
+        el("td", { text: [kbName(e.kb), e.source].filter(Boolean).join(" · ") || "–" }),
         el("td", null, el("code", { text: e.code ?? "–" })),
         el("td", { class: "message", text: e.message ?? "" }),
       ),
@@ -168,6 +170,16 @@ async function loadErrors() {
   $("errors-table").hidden = errors.length === 0;
   $("errors-none").hidden = errors.length > 0;
   $("errors-none").textContent = total ? `${total} errors recorded.` : "No errors recorded.";
+}
+
+/**
+ * A knowledge base as people know it: by name (errors carry ids).
+ * @param {string | null | undefined} id
+ */
+function kbName(id) {
+  if (!id) return null;
+  const kb = state.kbs.find((k) => k.id === id);
+  return kb ? kb.name : `a deleted knowledge base (${id})`;
 }
 
 // ---- knowledge bases ----
@@ -206,7 +218,7 @@ function renderKnowledgeBases() {
       ),
       el("td", { class: "num", text: String(kb.sources ?? 0) }),
       el("td", { class: "num", text: String(kb.chunks ?? 0) }),
-      el("td", { class: "muted", text: kb.model ?? "–" }),
+      el("td", { class: "muted model", text: kb.model ?? "–" }),
       el(
         "td",
         null,
@@ -424,6 +436,13 @@ let defaultEndpoint = null;
 async function loadEndpoints() {
   const config = await host.request("config.get");
   defaultEndpoint = config.default_endpoint ?? null;
+  const chosen = (config.endpoints ?? []).find((/** @type {any} */ e) => e.name === defaultEndpoint);
+  const fact = [...$("host-facts").querySelectorAll("dt")].find((dt) => dt.textContent === "Default answer model");
+  if (fact?.nextElementSibling) {
+    fact.nextElementSibling.textContent = chosen
+      ? `${chosen.name} · ${locationWords(chosen.location).text}`
+      : "none (answers quote your passages)";
+  }
   setChildren($("endpoints"), ...(config.endpoints ?? []).map((/** @type {any} */ e) => endpointRow(e)));
   if (!(config.endpoints ?? []).length) {
     $("endpoints").append(el("p", { class: "muted", id: "no-endpoints", text: "No endpoint yet." }));
@@ -449,7 +468,9 @@ function endpointRow(e) {
   const where = el("span", { class: "pill muted" });
   const row = el(
     "fieldset",
-    { class: "endpoint-row", dataset: { hasKey: String(Boolean(e.has_key)) } },
+    // The host says `api_key_set`; reading another name showed stored keys as "none" and
+    // the next save sent api_key: null, deleting them.
+    { class: "endpoint-row", dataset: { hasKey: String(Boolean(e.api_key_set)), savedUrl: e.base_url ?? "" } },
     el("legend", { class: "visually-hidden", text: `Endpoint ${e.name ?? n}` }),
     field("Name", "name", { type: "text", value: e.name ?? "", required: true, maxlength: 60 }),
     field("Base URL", "base_url", { type: "url", value: e.base_url ?? "", required: true, placeholder: "http://127.0.0.1:8080/v1" }),
@@ -458,7 +479,7 @@ function endpointRow(e) {
       type: "password",
       value: "",
       autocomplete: "off",
-      placeholder: e.has_key ? "stored (leave empty to keep)" : "none",
+      placeholder: e.api_key_set ? "stored (leave empty to keep)" : "none",
     }),
     field("or API key from environment variable", "api_key_env", { type: "text", value: e.api_key_env ?? "", placeholder: "OPENAI_API_KEY" }),
     el(
@@ -470,15 +491,46 @@ function endpointRow(e) {
       el("button", { type: "button", class: "small danger", text: "Remove", onclick: () => row.remove() }),
     ),
   );
+  const keyHint = el("p", { class: "muted key-hint", hidden: true, text: "The stored key belongs to the old URL: a new URL drops it unless you enter the key again." });
+  row.append(keyHint);
+  /** @param {string | null | undefined} location */
+  const show = (location) => {
+    const words = locationWords(location);
+    where.textContent = words.kind === "device" ? "on this device" : words.text;
+    where.className = `pill ${words.kind}`;
+    where.title = "Where the host says this endpoint runs (it decides from the address, not the name)";
+  };
+  let asked = 0;
+  let timer = /** @type {ReturnType<typeof setTimeout> | undefined} */ (undefined);
+  // The label is the host's verdict on the row as typed (config.check), never a rule of this page's.
   const update = () => {
-    const base = /** @type {HTMLInputElement} */ (row.querySelector('[name="base_url"]')).value;
+    const base = /** @type {HTMLInputElement} */ (row.querySelector('[name="base_url"]')).value.trim();
     const cloud = /** @type {HTMLInputElement} */ (row.querySelector('[name="mark_cloud"]')).checked;
-    const loc = endpointLocation({ base_url: base, mark_cloud: cloud });
-    where.textContent = loc === "device" ? "on this device" : "cloud";
-    where.className = `pill ${loc}`;
+    keyHint.hidden = !(row.dataset.hasKey === "true" && base !== row.dataset.savedUrl);
+    clearTimeout(timer);
+    if (!base) {
+      where.textContent = "no URL yet";
+      where.className = "pill muted";
+      return;
+    }
+    where.textContent = "checking…";
+    where.className = "pill muted";
+    const ticket = ++asked;
+    timer = setTimeout(async () => {
+      try {
+        const { endpoint } = await host.request("config.check", { endpoint: { base_url: base, mark_cloud: cloud } });
+        if (ticket === asked) show(endpoint.location);
+      } catch (err) {
+        if (ticket !== asked) return;
+        where.textContent = `not usable: ${/** @type {Error} */ (err).message}`;
+        where.className = "pill bad";
+      }
+    }, 250);
   };
   row.addEventListener("input", update);
-  update();
+  if (e.base_url) show(e.location);
+  else update();
+  row.dataset.where = "ready";
   return row;
 }
 

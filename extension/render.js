@@ -136,7 +136,9 @@ export function stepLine(status, context = {}) {
  * @param {KbStatus} status
  */
 export function canUseWeaker(status) {
-  return status.status === "nothing" || status.status === "weaker";
+  // A "nothing" status has hits, but below the band worth offering (the host's own count
+  // of weaker matches is only on "weaker" lines).
+  return status.status === "weaker";
 }
 
 /**
@@ -149,7 +151,7 @@ export function canTestSearch(status) {
 
 /**
  * The honest one-line report of a save: what was counted, never "Success".
- * "24 added · 3 updated", "unchanged", "3 of 27 passages could not be saved".
+ * "24 passages added · 3 updated", "unchanged", "3 of 27 passages could not be saved".
  * @param {SaveReport} report
  * @returns {string}
  */
@@ -160,8 +162,9 @@ export function reportText(report) {
   };
   const failed = n("failed");
   const counts = [];
-  if (n("added")) counts.push(`${n("added")} added`);
-  if (n("updated")) counts.push(`${n("updated")} updated`);
+  // "17 added" left the reader asking "of what?": the first count names its unit.
+  if (n("added")) counts.push(`${plural(n("added"), "passage", "passages")} added`);
+  if (n("updated")) counts.push(counts.length ? `${n("updated")} updated` : `${plural(n("updated"), "passage", "passages")} updated`);
   if (n("removed")) counts.push(`${n("removed")} removed`);
   if (failed > 0) {
     const total = Math.max(n("total"), failed);
@@ -313,11 +316,11 @@ export function privacyLabel(privacy) {
 
 /**
  * One line about the model that will answer: name and where it runs.
- * @param {{name?: string, location?: "device"|"cloud"} | null | undefined} endpoint
+ * @param {{name?: string, location?: "device"|"cloud"|null} | null | undefined} endpoint
  */
 export function modelLine(endpoint) {
   if (!endpoint || !endpoint.name) return "No language model: answers quote your passages";
-  return `${endpoint.name} · ${endpoint.location === "device" ? "on this device" : "cloud"}`;
+  return `${endpoint.name} · ${locationWords(endpoint.location).text}`;
 }
 
 /**
@@ -330,23 +333,16 @@ export function isHostMissing(error) {
 }
 
 /**
- * Where a configured endpoint runs, by the same rule as the host: loopback
- * is on this device; anything else, anything marked cloud, and anything that
- * cannot be parsed is cloud. (The host decides privacy; this only labels.)
- * @param {{base_url?: string, mark_cloud?: boolean} | null | undefined} endpoint
- * @returns {"device" | "cloud"}
+ * The words for where the host says a model runs. The host is the only judge
+ * (`location` in config.get and chat results); null means it could not decide,
+ * and the host then treats the endpoint as cloud.
+ * @param {"device" | "cloud" | null | undefined} location
+ * @returns {{text: string, kind: "device" | "cloud" | "unknown"}}
  */
-export function endpointLocation(endpoint) {
-  if (!endpoint || endpoint.mark_cloud) return "cloud";
-  let host;
-  try {
-    host = new URL(String(endpoint.base_url)).hostname.toLowerCase();
-  } catch {
-    return "cloud";
-  }
-  if (host === "localhost" || host === "[::1]" || host === "::1") return "device";
-  if (/^127(\.\d{1,3}){3}$/.test(host)) return "device";
-  return "cloud";
+export function locationWords(location) {
+  if (location === "device") return { text: "on device", kind: "device" };
+  if (location === "cloud") return { text: "cloud", kind: "cloud" };
+  return { text: "unknown (treated as cloud)", kind: "unknown" };
 }
 
 /** Human words for the host's save stages. */
@@ -358,12 +354,33 @@ export const STAGE_LABELS = Object.freeze({
 });
 
 /**
- * The progress line of a running save: "Embedding 120 of 340".
- * @param {{state?: string, stage?: string, done?: number, total?: number}} job
+ * "about 40 s left", "about 3 min left".
+ * @param {number} seconds
+ */
+function eta(seconds) {
+  if (seconds < 90) return `about ${Math.max(1, Math.round(seconds))} s left`;
+  return `about ${Math.round(seconds / 60)} min left`;
+}
+
+/**
+ * The progress line of a running save: "Embedding 120 of 340", and, when the host
+ * sends job-wide figures, "· source 2 of 5: manual.pdf · 85 passages · about 30 s left".
+ * @param {{state?: string, stage?: string, done?: number, total?: number, sources_done?: number,
+ *   sources_total?: number, current?: string, passages?: number, eta_s?: number | null}} job
  */
 export function progressText(job) {
   if (job.state === "capturing") return "Reading the page…";
   const label = STAGE_LABELS[/** @type {keyof typeof STAGE_LABELS} */ (job.stage)] ?? "Saving";
-  if (job.total) return `${label} ${job.done ?? 0} of ${job.total}`;
-  return `${label}…`;
+  const parts = [job.total ? `${label} ${job.done ?? 0} of ${job.total}` : `${label}…`];
+  if (Number.isInteger(job.sources_total) && /** @type {number} */ (job.sources_total) > 1) {
+    const at = Math.min(/** @type {number} */ (job.sources_done ?? 0) + 1, /** @type {number} */ (job.sources_total));
+    parts.push(`source ${at} of ${job.sources_total}${job.current ? `: ${job.current}` : ""}`);
+  } else if (job.current) {
+    parts.push(job.current);
+  }
+  if (Number.isInteger(job.passages) && /** @type {number} */ (job.passages) > 0) {
+    parts.push(plural(/** @type {number} */ (job.passages), "passage", "passages"));
+  }
+  if (typeof job.eta_s === "number" && Number.isFinite(job.eta_s)) parts.push(eta(job.eta_s));
+  return parts.join(SEP);
 }

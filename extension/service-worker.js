@@ -4,7 +4,7 @@
 // must survive (the knowledge-base list for the menus, the default knowledge
 // base, the progress of saves) lives in chrome.storage, never in globals.
 
-import { CaptureError, captureLink, captureSelection, captureTab } from "./capture.js";
+import { CaptureError, captureLink, captureSelection, captureTab, originPattern } from "./capture.js";
 import { rememberKnowledgeBases } from "./kbs.js";
 import { HostError, NativeHost } from "./native.js";
 import { reportBadge, reportText } from "./render.js";
@@ -47,9 +47,7 @@ chrome.contextMenus.onClicked.addListener((info, tab) => {
   onMenuClick(info, tab);
 });
 chrome.commands.onCommand.addListener((command, tab) => {
-  if (command === "save-tab" && tab?.id !== undefined) {
-    save({ kind: "page", tab, capturedBy: "toolbar" });
-  }
+  onCommand(command, tab);
 });
 chrome.runtime.onMessage.addListener((message, sender, sendResponse) => {
   const handled = onPageMessage(message, sender);
@@ -126,7 +124,31 @@ export function onMenuClick(info, tab) {
     capturedBy: match[1] === "tab" ? "toolbar" : "context-menu",
     linkUrl: info.linkUrl,
     selectionText: info.selectionText,
+    pageUrl: info.pageUrl,
   });
+}
+
+/**
+ * The keyboard commands (manifest `commands`; `_execute_action` opens the panel by itself,
+ * because the action's click does). Exported for the browser tests, like onMenuClick.
+ * @param {string} command
+ * @param {chrome.tabs.Tab | undefined} tab
+ */
+export async function onCommand(command, tab) {
+  if (command === "save-tab" && tab?.id !== undefined) {
+    return save({ kind: "page", tab, capturedBy: "toolbar" });
+  }
+  if (command === "focus-question") {
+    // sidePanel.open must be called while the shortcut's user gesture lasts: first thing.
+    const opening = tab?.windowId !== undefined
+      ? chrome.sidePanel.open({ windowId: tab.windowId }).catch(() => {})
+      : Promise.resolve();
+    await opening;
+    // An open panel focuses its question box; a panel that is just opening does so itself.
+    await chrome.runtime.sendMessage({ type: "focus-question" }).catch(() => {});
+    return { focused: true };
+  }
+  return null;
 }
 
 // ---- knowledge bases ----
@@ -243,6 +265,7 @@ function notify(id, options) {
  * @property {"context-menu"|"side-panel"|"toolbar"} capturedBy
  * @property {string} [linkUrl]
  * @property {string} [selectionText]
+ * @property {string} [pageUrl] the page's address as the menu click reported it
  */
 
 /**
@@ -259,8 +282,10 @@ export async function save(request) {
   let job = await updateJob(id, {
     id,
     state: "capturing",
-    title: request.kind === "link" ? (request.linkUrl ?? "link") : (request.tab.title || request.tab.url || "this tab"),
-    url: request.kind === "link" ? request.linkUrl : request.tab.url,
+    title: request.kind === "link"
+      ? (request.linkUrl ?? "link")
+      : (request.tab.title || request.tab.url || request.pageUrl || "this tab"),
+    url: request.kind === "link" ? request.linkUrl : (request.tab.url ?? request.pageUrl),
     capturedBy: request.capturedBy,
     startedAt: Date.now(),
   });
@@ -294,7 +319,13 @@ export async function save(request) {
           if (stage !== job.stage || done - lastWrite >= step || done === total) {
             lastWrite = done;
             job.stage = stage;
-            updateJob(id, { stage, done, total });
+            // Job-wide figures (sources done of total, current file, passages, ETA) when the
+            // host sends them; render.progressText words whatever is there.
+            const wide = Object.fromEntries(
+              ["sources_done", "sources_total", "current", "passages", "eta_s"]
+                .filter((k) => data?.[k] !== undefined).map((k) => [k, data[k]]),
+            );
+            updateJob(id, { stage, done, total, ...wide });
           }
           if (stage === "embed" && total >= LONG_SAVE_PASSAGES) {
             progressShown = true;
@@ -314,7 +345,8 @@ export async function save(request) {
     const text = reportText(report);
     const badge = reportBadge(report);
     await setBadge(tabId, badge.text, badge.color);
-    job = await updateJob(id, { state: "done", report, text, finishedAt: Date.now() });
+    // The host's title (a PDF's own title, a page's <title>) beats the URL the job started with.
+    job = await updateJob(id, { state: "done", report, text, title: report.title || job.title, finishedAt: Date.now() });
     if (progressShown) await chrome.notifications.clear(`job:${id}`).catch(() => {});
     await notify(`job:${id}`, {
       type: "basic",
@@ -325,6 +357,11 @@ export async function save(request) {
     });
   } catch (err) {
     const error = errorInfo(err);
+    const url = request.kind === "link" ? request.linkUrl : (request.tab.url ?? request.pageUrl);
+    if (error.code === "no_access" && !error.detail?.origins && url && /^(https?|file):/i.test(url)) {
+      // The panel asks for exactly this site, never for every site.
+      error.detail = { ...(error.detail ?? {}), origins: [originPattern(url)] };
+    }
     await setBadge(tabId, "!", "#b3261e");
     job = await updateJob(id, { state: "failed", error, text: error.message, finishedAt: Date.now() });
     if (progressShown) await chrome.notifications.clear(`job:${id}`).catch(() => {});
@@ -389,5 +426,5 @@ async function saveActiveTab(windowId, kb) {
 // The browser tests (and a curious user in DevTools) reach the same entry
 // points the menus use; a module's exports are not visible from outside it.
 Object.assign(globalThis, {
-  localkb: { save, onMenuClick, cancelJob, refreshKnowledgeBases, rebuildMenus, host },
+  localkb: { save, onMenuClick, onCommand, cancelJob, refreshKnowledgeBases, rebuildMenus, host },
 });

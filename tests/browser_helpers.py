@@ -112,8 +112,11 @@ def register_host(user_data_dir: Path, launcher: Path, ext_id: str) -> Path:
 class ExtensionBrowser:
     """Headless Chromium (persistent profile) with an extension loaded; a context manager."""
 
-    def __init__(self, pw, extension: Path, user_data_dir: Path, *, downloads: Path | None = None) -> None:
+    def __init__(self, pw, extension: Path, user_data_dir: Path, *, downloads: Path | None = None,
+                 env: Mapping[str, str] | None = None, color_scheme: str | None = None) -> None:
         self._pw = pw
+        self.env = {**os.environ, **env} if env else None  # the host inherits Chromium's environment
+        self.color_scheme = color_scheme
         self.extension = extension
         self.user_data_dir = user_data_dir
         self.downloads = downloads
@@ -134,6 +137,8 @@ class ExtensionBrowser:
                 accept_downloads=True,
                 downloads_path=str(self.downloads) if self.downloads else None,
                 viewport={"width": 420, "height": 860},
+                env=self.env,
+                color_scheme=self.color_scheme,
                 args=[f"--load-extension={self.extension}",
                       f"--disable-extensions-except={self.extension}", *CHROMIUM_ARGS],
             )

@@ -53,3 +53,19 @@ test("sourceLink picks #page for paged passages and a text fragment otherwise", 
   assert.equal(sourceLink({ url: "/home/me/notes.md", text: "x" }), null);
   assert.equal(sourceLink({ url: "javascript:alert(1)", text: "x" }), null);
 });
+
+test("a heading that opens a passage is the prefix, never the start (tables of contents repeat headings)", () => {
+  const passage = "Flux guide\n## Installing the flux unit\n\nMount the flux unit on the left rail and tighten the four bolts to twelve newton metres before connecting power.";
+  const directive = textDirective(passage, { title: "Flux guide" });
+  const [prefix, start, end] = directive.slice("text=".length).split(",").map(decodeURIComponent);
+  assert.equal(prefix, "Installing the flux unit-");
+  assert.equal(start, "Mount the flux unit on"); // the first word after a heading is whole
+  assert.equal(end, "twelve newton metres before connecting");
+});
+
+test("the title line in front of every passage is left out, also when it was shortened", () => {
+  const long = "A very long page title that the host cut at a word so that it fits the passage budget nicely";
+  const passage = `A very long page title that the host cut at a word so that it fits the…\nError E4711 means overheating.`;
+  assert.equal(textDirective(passage, { title: long }), "text=Error%20E4711%20means%20overheating.");
+  assert.equal(sourceLink({ url: "https://ex.test/p", title: "T", text: "T\nhello there" }), "https://ex.test/p#:~:text=hello%20there");
+});

@@ -21,7 +21,7 @@ const fixture = join(here, "fixture_host.py");
 const home = mkdtempSync(join(tmpdir(), "localkb-native-test-"));
 after(() => rmSync(home, { recursive: true, force: true }));
 
-const hasHost = spawnSync(python, ["-c", "import localkb.host"], { encoding: "utf8" }).status === 0;
+const hasHost = spawnSync(python, ["-c", "import localkb.native.host"], { encoding: "utf8" }).status === 0;
 const skip = hasHost ? false : `the localkb package is not importable with ${python}`;
 
 /**

@@ -5,7 +5,7 @@ import {
   canTestSearch,
   canUseWeaker,
   compact,
-  endpointLocation,
+  locationWords,
   isHostMissing,
   modelLine,
   passageFacts,
@@ -67,7 +67,8 @@ test("nothing relevant without a best score still names the cut-off, as the host
 });
 
 test("actions appear only where they can change something", () => {
-  assert.equal(canUseWeaker({ status: "nothing" }), true);
+  assert.equal(canUseWeaker({ status: "weaker" }), true);
+  assert.equal(canUseWeaker({ status: "nothing" }), false);
   assert.equal(canUseWeaker({ status: "passages" }), false);
   assert.equal(canTestSearch({ status: "passages" }), true);
   assert.equal(canTestSearch({ status: "skipped" }), false);
@@ -75,14 +76,16 @@ test("actions appear only where they can change something", () => {
 });
 
 test("the save report states counts, never success", () => {
-  assert.equal(reportText({ added: 24, updated: 3, unchanged: 0, failed: 0, total: 27 }), "24 added · 3 updated");
+  assert.equal(reportText({ added: 24, updated: 3, unchanged: 0, failed: 0, total: 27 }), "24 passages added · 3 updated");
   assert.equal(reportText({ status: "unchanged", added: 0, updated: 0, unchanged: 27, failed: 0, total: 27 }), "unchanged");
   assert.equal(
     reportText({ added: 24, updated: 0, failed: 3, total: 27 }),
-    "3 of 27 passages could not be saved · 24 added",
+    "3 of 27 passages could not be saved · 24 passages added",
   );
   assert.equal(reportText({ added: 0, failed: 1, total: 1 }), "1 of 1 passage could not be saved");
-  assert.equal(reportText({ added: 2, removed: 5 }), "2 added · 5 removed");
+  assert.equal(reportText({ added: 2, removed: 5 }), "2 passages added · 5 removed");
+  assert.equal(reportText({ added: 1 }), "1 passage added");
+  assert.equal(reportText({ updated: 4 }), "4 passages updated");
 });
 
 test("the badge is short and says failures first", () => {
@@ -165,26 +168,29 @@ test("without a cut-off there is no line and keyword-only hits have no bar", () 
 test("privacy, model and host-missing labels", () => {
   assert.equal(privacyLabel("device"), "device only");
   assert.equal(privacyLabel("cloud"), "cloud OK");
-  assert.equal(modelLine({ name: "llama", location: "device" }), "llama · on this device");
+  assert.equal(modelLine({ name: "llama", location: "device" }), "llama · on device");
   assert.equal(modelLine({ name: "gpt", location: "cloud" }), "gpt · cloud");
   assert.match(modelLine(null), /No language model/);
   assert.equal(isHostMissing({ code: "host_missing" }), true);
   assert.equal(isHostMissing({ code: "kb_not_found" }), false);
 });
 
-test("loopback endpoints are on the device; everything else is cloud", () => {
-  assert.equal(endpointLocation({ base_url: "http://127.0.0.1:8080/v1" }), "device");
-  assert.equal(endpointLocation({ base_url: "http://localhost:11434/v1" }), "device");
-  assert.equal(endpointLocation({ base_url: "http://[::1]:8080/v1" }), "device");
-  assert.equal(endpointLocation({ base_url: "http://127.0.0.1:8080/v1", mark_cloud: true }), "cloud");
-  assert.equal(endpointLocation({ base_url: "https://api.example.com/v1" }), "cloud");
-  assert.equal(endpointLocation({ base_url: "http://192.168.1.5/v1" }), "cloud");
-  assert.equal(endpointLocation({ base_url: "auto" }), "cloud");
-  assert.equal(endpointLocation(null), "cloud");
+test("where a model runs is the host's word; null reads as unknown, treated as cloud", () => {
+  assert.deepEqual(locationWords("device"), { text: "on device", kind: "device" });
+  assert.deepEqual(locationWords("cloud"), { text: "cloud", kind: "cloud" });
+  assert.deepEqual(locationWords(null), { text: "unknown (treated as cloud)", kind: "unknown" });
+  assert.deepEqual(locationWords(undefined), { text: "unknown (treated as cloud)", kind: "unknown" });
+  assert.equal(modelLine({ name: "odd", location: null }), "odd · unknown (treated as cloud)");
 });
 
 test("progress lines name the stage in words", () => {
   assert.equal(progressText({ state: "capturing" }), "Reading the page…");
   assert.equal(progressText({ state: "saving", stage: "embed", done: 120, total: 340 }), "Embedding 120 of 340");
   assert.equal(progressText({ state: "saving", stage: "write" }), "Writing…");
+  assert.equal(
+    progressText({ state: "saving", stage: "embed", done: 120, total: 340, sources_done: 1, sources_total: 5,
+      current: "manual.pdf", passages: 85, eta_s: 31.6 }),
+    "Embedding 120 of 340 · source 2 of 5: manual.pdf · 85 passages · about 32 s left",
+  );
+  assert.equal(progressText({ state: "saving", stage: "embed", done: 1, total: 2, eta_s: 600 }), "Embedding 1 of 2 · about 10 min left");
 });

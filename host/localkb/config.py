@@ -44,6 +44,8 @@ class Settings:
     fetch_timeout_s: float = 20.0
     #: Whether chat turns are written to the query log.
     query_log: bool = True
+    #: How long a model's write waits for the user's Approve before it counts as declined.
+    confirm_timeout_s: float = 600.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -60,6 +62,8 @@ class Settings:
             changes["threads"] = int(env["LOCALKB_THREADS"])
         if env.get("LOCALKB_CUTOFF"):
             changes["cutoff"] = float(env["LOCALKB_CUTOFF"])
+        if env.get("LOCALKB_CONFIRM_TIMEOUT_S"):
+            changes["confirm_timeout_s"] = float(env["LOCALKB_CONFIRM_TIMEOUT_S"])
         if env.get("LOCALKB_QUERY_LOG") in {"0", "off", "false"}:
             changes["query_log"] = False
         changes.update(overrides)

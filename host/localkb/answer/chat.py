@@ -39,7 +39,7 @@ import numpy as np
 from localkb.answer.llm import DEFAULT_TIMEOUTS, Endpoint, Timeouts, ToolCall, stream_chat, stream_chat_events
 from localkb.answer.privacy import GateResult, allowed_knowledge_bases, endpoint_location
 from localkb.errors import Cancelled, InvalidInput, LLMUnavailable, LocalKBError
-from localkb.retrieval.search import Hit, KBStatus, Reranker, Searcher
+from localkb.retrieval.search import Hit, KBStatus, Reranker, Searcher, names_phrase, summary_line
 from localkb.store.catalog import Catalog, KBRecord
 from localkb.store.kb import Store
 from localkb.store.keywords import TOKEN_PATTERN, stopwords
@@ -125,12 +125,20 @@ class ChatOptions:
 
     k: int = 8
     use_weaker_matches: bool = False
+    #: Knowledge bases (ids or names) whose weaker matches join the passages; the side
+    #: panel's "Use weaker matches from <KB>" asks for one.
+    weaker_kbs: tuple[str, ...] = ()
     strict: bool = False
     rewrite_timeout: float = REWRITE_TIMEOUT_S
     timeouts: Timeouts = DEFAULT_TIMEOUTS
     max_tokens: int | None = None
     #: Recorded in the query log (``chat`` from the host, ``ask``/``chat`` from the CLI).
     kind: str = "chat"
+    #: Why there is no model, when ``endpoint`` is None (said in the answer and its line).
+    no_model_reason: str = "no model is configured"
+    #: An answer stopped part-way, to be continued (streamed tokens are the continuation;
+    #: the result's ``answer`` is the whole text).
+    continue_from: str = ""
 
 
 # --------------------------------------------------------------------------- follow-ups
@@ -337,7 +345,7 @@ def passage_context(catalog: Catalog, hit: Hit, radius: int = CONTEXT_RADIUS) ->
 def build_messages(question: str, passages: Sequence[Hit], *, unavailable: Sequence[str] = (),
                    history: Sequence[Mapping[str, str]] = (), rewritten: str | None = None,
                    tools_offered: bool = False, nonce: str | None = None,
-                   contexts: Sequence[str] | None = None) -> list[dict[str, str]]:
+                   contexts: Sequence[str] | None = None, partial: str = "") -> list[dict[str, str]]:
     """The chat prompt: instructions, earlier turns, then the fenced passages and the question.
 
     ``contexts`` (one per passage) replaces each passage's text with the passage in its
@@ -379,8 +387,14 @@ def build_messages(question: str, passages: Sequence[Hit], *, unavailable: Seque
     if rewritten and rewritten != question:
         parts.append(f"(Searched as: {rewritten})")
     parts.append(f"Question: {question}")
-    return [{"role": "system", "content": system}, *history,
-            {"role": "user", "content": "\n".join(parts)}]
+    messages = [{"role": "system", "content": system}, *history,
+                {"role": "user", "content": "\n".join(parts)}]
+    if partial:
+        # "Continue" after Stop: the model sees its own unfinished answer and goes on from it.
+        messages += [{"role": "assistant", "content": partial},
+                     {"role": "user", "content": "Continue your answer exactly where it stopped. Do not "
+                      "repeat what you already wrote; keep citing the passages by number."}]
+    return messages
 
 
 def check_citations(answer: str, given: int) -> tuple[str, list[int], list[int]]:
@@ -539,6 +553,10 @@ class ChatResult:
     tool_calls: list[dict] = field(default_factory=list)
     #: Knowledge bases whose passages reached the answer: hand back in ``history[].kbs``.
     kbs: list[str] = field(default_factory=list)
+    #: One line over the statuses ("Found in Docs · 2 others had nothing"), see summary_line.
+    summary: str = ""
+    #: How the answer came about ("Answered by local · llama3 · on this device").
+    answer_line: str = ""
 
     def to_dict(self) -> dict:
         return {
@@ -547,6 +565,7 @@ class ChatResult:
             "rewritten_query": self.rewritten_query, "statuses": self.statuses,
             "model": self.model, "trace": self.trace, "cached": self.cached,
             "notes": self.notes, "tool_calls": self.tool_calls, "kbs": self.kbs,
+            "summary": self.summary, "answer_line": self.answer_line,
         }
 
     @classmethod
@@ -554,7 +573,7 @@ class ChatResult:
         return cls(**{k: data[k] for k in (
             "answer", "generated", "citations", "removed_citations", "ungrounded",
             "rewritten_query", "statuses", "model", "trace", "cached", "notes", "tool_calls",
-            "kbs")})
+            "kbs")}, summary=data.get("summary", ""), answer_line=data.get("answer_line", ""))
 
 
 def wants_to_save(message: str) -> bool:
@@ -593,14 +612,22 @@ def _order(hit: Hit) -> tuple:
             hit.cosine or 0.0)
 
 
-def _no_passages_answer(statuses: Sequence[KBStatus], weaker: int, use_weaker: bool) -> str:
+def _no_passages_answer(statuses: Sequence[KBStatus], use_weaker: bool) -> str:
     searched = [s for s in statuses if s.status not in ("skipped", "unavailable")]
+    failed = [s.kb_name for s in statuses if s.status == "unavailable"]
     if not searched:
-        if any(s.status == "unavailable" for s in statuses):
+        if failed:
             return ("The search did not run, so there is no answer from your documents; this "
                     "says nothing about what they hold.")
         return "No knowledge base could be searched for this model, so there is nothing to answer from."
-    text = f"{IDK}: nothing in them matches this question well enough."
+    names = names_phrase([s.kb_name for s in searched])
+    text = f"{IDK}: nothing in {names} matches this question well enough."
+    if failed:
+        text += (f" The search of {names_phrase(failed)} did not run, so this says nothing about "
+                 f"what {'it holds' if len(failed) == 1 else 'they hold'}.")
+    # The same count as the step lines: the weaker matches of knowledge bases whose status is
+    # "weaker" (a "nothing" status has none worth offering).
+    weaker = sum(s.weaker for s in statuses if s.status == "weaker")
     if weaker and not use_weaker:
         text += (f" There {'is' if weaker == 1 else 'are'} {weaker} weaker "
                  f"match{'es' if weaker != 1 else ''}; ask again using weaker matches to see them.")
@@ -645,7 +672,7 @@ def _run_tool(store: Store, call: ToolCall, *, offered: bool, targets: Sequence[
     title = (title or "").strip()[:200] or "Saved from chat"
     out.update(kb=target.id, kb_name=target.name, title=title)
     request = {"call_id": call.id, "tool": ADD_TOOL, "kb": target.id, "kb_name": target.name,
-               "title": title, "text": text[:4000], "chars": len(text)}
+               "title": title, "text": text, "chars": len(text)}
     approved = bool(confirm(request)) if confirm is not None else False
     if cancel is not None and cancel.is_set():
         raise Cancelled("the chat turn was cancelled")
@@ -720,6 +747,7 @@ def run_turn(
     location = endpoint_location(endpoint)
     model = ({"name": endpoint.name, "model": endpoint.model, "location": location}
              if endpoint is not None else None)
+    weaker_ids = tuple(sorted({store.resolve(ref).id for ref in options.weaker_kbs}))
 
     # The gate, before anything is sent anywhere (strict raises here).
     gate: GateResult = allowed_knowledge_bases(endpoint, records, strict=options.strict)
@@ -739,7 +767,7 @@ def run_turn(
         "privacy": {"location": location, "allowed": [r.id for r in allowed],
                     "skipped": [{"kb": i, "name": n, "reason": r} for i, n, r in skipped]},
         "options": {"k": options.k, "use_weaker_matches": options.use_weaker_matches,
-                    "strict": options.strict},
+                    "weaker_kbs": list(weaker_ids), "strict": options.strict},
         "cache": {"exact": False, "semantic": False, "cosine": None},
     }
 
@@ -750,10 +778,10 @@ def run_turn(
         location,
         None if endpoint is None else (endpoint.name, endpoint.base_url, endpoint.model,
                                        endpoint.mark_cloud),
-        options.k, options.use_weaker_matches,
+        options.k, options.use_weaker_matches, weaker_ids,
     )
     qvec = None
-    if cache is not None and not tools_offered:
+    if cache is not None and not tools_offered and not options.continue_from:
         hit, how, cos = cache.get(query, parts, None)
         if hit is None:
             # Only a miss pays for the query embedding that the semantic cache compares.
@@ -770,6 +798,7 @@ def run_turn(
             trace["cache"][how] = True
             result = ChatResult.from_dict(hit)
             result.cached = how
+            result.answer_line = f"{result.answer_line} · repeated from the answer cache"
             result.rewritten_query = query if rewrite.method != "none" else None
             trace.update(statuses=result.statuses, stages_ms={
                 "rewrite": rewrite.ms, **dict.fromkeys(STAGES[1:], 0.0)},
@@ -808,16 +837,16 @@ def run_turn(
                 on_step(status.to_dict())
     _cancelled(cancel)
     hits = sorted(hits, key=_order, reverse=True)[: options.k]
-    weaker = sorted(weaker, key=_order, reverse=True)[: options.k]
-    passages = list(hits)
-    if options.use_weaker_matches:
-        passages = (passages + weaker)[: options.k]
+    weaker = sorted(weaker, key=_order, reverse=True)
+    chosen_weaker = [w for w in weaker if options.use_weaker_matches or w.kb in weaker_ids]
+    weaker = weaker[: options.k]
+    passages = (hits + chosen_weaker)[: options.k]
     stages, candidates = _stage_totals(search_trace, [r.id for r in allowed])
     unavailable = [s for s in statuses if s.status == "unavailable"]
     notes = [f"{name} was not searched: {reason}." for _, name, reason in skipped]
     notes += [f"The search of {s.kb_name} did not run, so this answer says nothing about what it "
               f"holds ({s.message})." for s in unavailable]
-    if options.use_weaker_matches and any(not h.relevant for h in passages):
+    if any(not h.relevant for h in passages):
         notes.append("This reply includes weaker matches, below the relevance cut-off.")
 
     # -- answer ----------------------------------------------------------------------------
@@ -841,7 +870,8 @@ def run_turn(
             message, passages, contexts=[passage_context(store.catalog, h) for h in passages],
             unavailable=[s.kb_name for s in unavailable],
             history=gated_history(store, endpoint, list(history)[-HISTORY_TURNS:]),
-            rewritten=query, tools_offered=tools_offered and bool(targets))
+            rewritten=query, tools_offered=tools_offered and bool(targets),
+            partial=options.continue_from)
         t0 = time.perf_counter()
         calls: list[ToolCall] = []
         try:
@@ -858,7 +888,8 @@ def run_turn(
                 if on_token is not None:
                     on_token(piece)
             generated = True
-            answer, cited, removed = check_citations("".join(pieces), len(passages))
+            answer, cited, removed = check_citations(options.continue_from + "".join(pieces),
+                                                     len(passages))
         except LLMUnavailable as err:
             model_failed = True
             store.catalog.log_error("chat", err.code, str(err))
@@ -876,9 +907,9 @@ def run_turn(
         if generated and not answer.strip() and tool_calls:
             answer = " ".join(n for n in notes if ADD_TOOL in n or n.startswith("Saved "))
     elif passages:
-        answer, cited = extractive_answer(passages, "no model is configured")
+        answer, cited = extractive_answer(passages, options.no_model_reason)
     else:
-        answer = _no_passages_answer(statuses, len(weaker), options.use_weaker_matches)
+        answer = _no_passages_answer(statuses, options.use_weaker_matches or bool(weaker_ids))
     if removed:
         notes.append("Removed citations to passages that were not given: "
                      + ", ".join(f"[{n}]" for n in removed) + ".")
@@ -890,6 +921,17 @@ def run_turn(
     citations = [_citation(n, passages[n - 1]) for n in cited]
 
     status_dicts = [s.to_dict() for s in statuses]
+    if generated:
+        where = {"device": "on this device", "cloud": "cloud"}.get(location, "unknown (treated as cloud)")
+        line = f"Answered by {endpoint.name}{f' · {endpoint.model}' if endpoint.model else ''} · {where}"
+    elif model_failed:
+        line = f"Not generated: {endpoint.name} failed, so the best passages are quoted"
+    elif endpoint is not None:
+        line = f"{endpoint.name} was not asked: no passage to answer from"
+    elif passages:
+        line = f"Quoted from your passages: {options.no_model_reason}"
+    else:
+        line = f"Nothing to quote: {options.no_model_reason}"
     trace.update(
         statuses=status_dicts,
         stages_ms={"rewrite": rewrite.ms, **stages, "generate": generate_ms},
@@ -901,8 +943,10 @@ def run_turn(
         answer=answer, generated=generated, citations=citations, removed_citations=removed,
         ungrounded=ungrounded, rewritten_query=query if rewrite.method != "none" else None,
         statuses=status_dicts, model=model, trace=trace, cached=False, notes=notes,
-        tool_calls=tool_calls, kbs=sorted({h.kb for h in passages}))
+        tool_calls=tool_calls, kbs=sorted({h.kb for h in passages}),
+        summary=summary_line(statuses), answer_line=line)
     if (cache is not None and not tools_offered and not model_failed and not unavailable
+            and not options.continue_from
             and not tool_calls):
         cache.put(query, parts, qvec, result.to_dict())
     _log(store, trace, message, records)

@@ -259,6 +259,25 @@ def h_config_get(data: dict, ctx) -> dict:
     return load_config(get_store().root).public_dict()
 
 
+def h_config_check(data: dict, ctx) -> dict:
+    """How the host reads one endpoint before it is saved: ``{endpoint}`` -> its public form.
+
+    The options page shows this ``location`` beside a row being edited, so the label is the
+    privacy gate's own verdict, never a rule of the page's.
+    """
+    from localkb.answer.llm import Endpoint
+
+    given = data.get("endpoint")
+    if not isinstance(given, dict):
+        raise InvalidInput("'endpoint' must be an object", detail={"field": "endpoint"})
+    # Name and model are not what is being checked: a row still being typed may lack them.
+    raw = {**given, "name": given.get("name") or "check", "model": given.get("model") or "check",
+           "api_key": None}
+    public = Endpoint.from_dict(raw).public_dict()
+    public.pop("api_key_set", None)  # no key was looked at
+    return {"endpoint": public}
+
+
 def h_config_set(data: dict, ctx) -> dict:
     """Replace the endpoint list; an endpoint without ``api_key`` keeps its stored key."""
     from localkb.answer.llm import Endpoint, LLMConfig, load_config, save_config
@@ -310,19 +329,33 @@ def h_chat(data: dict, ctx) -> dict:
     extractive = req_bool(data, "extractive")
     config = load_config(store.root)
     endpoint = None if extractive else (config.get(name) if name else config.default)
-    options = ChatOptions(k=req_int(data, "k", 8, lo=1, hi=50),
-                          use_weaker_matches=req_bool(data, "use_weaker_matches"),
-                          strict=req_bool(data, "strict"), kind="chat")
+    # true: every knowledge base's weaker matches; a list: those of the knowledge bases named.
+    weaker = data.get("use_weaker_matches", False)
+    if isinstance(weaker, list):
+        weaker_kbs = tuple(req_kbs({"kbs": weaker}))
+        weaker = False
+    else:
+        weaker_kbs = ()
+        weaker = req_bool(data, "use_weaker_matches")
+    options = ChatOptions(k=req_int(data, "k", 8, lo=1, hi=50), use_weaker_matches=weaker,
+                          weaker_kbs=weaker_kbs, strict=req_bool(data, "strict"), kind="chat",
+                          no_model_reason="you chose no model" if extractive
+                          else "no model is configured",
+                          continue_from=req_str(data, "continue_from", required=False,
+                                                max_len=32_000) or "")
     cache, confirmations = _chat_shared()
+    timeout = store.settings.confirm_timeout_s
 
     def confirm(request: dict) -> bool:
         # Registered before the event goes out, so an instant chat.confirm is never lost.
         confirmations.open(ctx.id, request["call_id"])
-        ctx.emit("confirm", request)
-        return confirmations.wait(ctx.id, request["call_id"], ctx.cancelled)
+        ctx.emit("confirm", {**request, "expires_in_s": timeout})
+        return confirmations.wait(ctx.id, request["call_id"], ctx.cancelled, timeout=timeout)
 
+    # "Regenerate" asks for a new answer: the cached one is neither read nor replaced.
     result = run_turn(store, kbs, message, history=history, endpoint=endpoint, options=options,
-                      cache=cache, on_step=lambda s: ctx.emit("step", s),
+                      cache=None if req_bool(data, "regenerate") else cache,
+                      on_step=lambda s: ctx.emit("step", s),
                       on_token=lambda t: ctx.emit("token", {"text": t}), confirm=confirm,
                       cancel=ctx.cancelled)
     return result.to_dict()
@@ -460,6 +493,7 @@ HANDLERS: dict[str, Handler] = {
     "errors.list": h_errors_list,
     "config.get": h_config_get,
     "config.set": h_config_set,
+    "config.check": h_config_check,
     "chat": h_chat,
     "chat.confirm": h_chat_confirm,
     "kb.export": h_kb_export,

@@ -125,7 +125,8 @@ class SearchResult:
         return {"query": self.query, "mode": self.mode, "cutoff": self.cutoff, "terms": self.terms,
                 "hits": [h.to_dict() for h in self.hits],
                 "weaker": [h.to_dict() for h in self.weaker],
-                "statuses": [s.to_dict() for s in self.statuses], "trace": self.trace}
+                "statuses": [s.to_dict() for s in self.statuses],
+                "summary": summary_line(self.statuses), "trace": self.trace}
 
 
 def status_line(s: KBStatus) -> str:
@@ -144,6 +145,44 @@ def status_line(s: KBStatus) -> str:
     if s.status == "skipped":
         return f"{name} · skipped · {s.message}"
     return f"{name} · unavailable · the search could not run"
+
+
+def names_phrase(names: Sequence[str]) -> str:
+    """"Docs", "Docs and Notes", "Docs, Notes and Mail", "5 knowledge bases"."""
+    if len(names) > 3:
+        return f"{len(names)} knowledge bases"
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def summary_line(statuses: Sequence[KBStatus | dict]) -> str:
+    """One line over every knowledge base's status: "Found in Docs · 6 others had nothing".
+
+    Skipped and unavailable knowledge bases are always named (the side panel shows this line
+    above the folded per-knowledge-base lines, so nothing it sets aside is hidden).
+    """
+    def get(s: KBStatus | dict, key: str):
+        return s.get(key) if isinstance(s, dict) else getattr(s, key)
+
+    by: dict[str, list[str]] = {}
+    for s in statuses:
+        by.setdefault(get(s, "status"), []).append(get(s, "kb_name") or get(s, "kb"))
+    found, weaker = by.get("passages", []), by.get("weaker", [])
+    none = by.get("nothing", []) + by.get("empty", [])
+    parts = []
+    if found:
+        parts.append(f"Found in {names_phrase(found)}")
+    if weaker:
+        parts.append(f"{'only weaker' if found else 'Only weaker'} matches in {names_phrase(weaker)}")
+    if none:
+        if found or weaker:
+            parts.append(f"{len(none)} other{'s' if len(none) != 1 else ''} had nothing")
+        else:
+            parts.append(f"Nothing relevant in {names_phrase(none)}")
+    if by.get("skipped"):
+        parts.append(f"{names_phrase(by['skipped'])} skipped")
+    if by.get("unavailable"):
+        parts.append(f"{names_phrase(by['unavailable'])} could not be searched")
+    return " · ".join(parts) if parts else "No knowledge base was searched"
 
 
 class Reranker:
