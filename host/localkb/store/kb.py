@@ -15,7 +15,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +37,8 @@ from localkb.store.keywords import KeywordIndex
 from localkb.store.vectors import VectorIndex
 
 PRIVACY = ("device", "cloud")
+#: Chunks read at a time when the derived indexes catch up with a write.
+APPLY_SLICE = 2048
 _NAME = re.compile(r"^[^\x00-\x1f/\\]{1,80}$")
 
 
@@ -278,19 +280,38 @@ class KnowledgeBase:
 
     def _apply(self, vi: VectorIndex | None, ki: KeywordIndex | None,
                touched: list[tuple[str, int]], gen: int) -> None:
-        """Make the indexes agree with the catalogue for ``touched`` chunks, then save."""
-        rows = {r["id"]: r for r in self.catalog.chunk_rows(self.id, [c for c, _ in touched])}
-        live = [rows[c] for c, _ in touched if c in rows]
-        gone = [(c, k) for c, k in touched if c not in rows]
+        """Make the indexes agree with the catalogue for ``touched`` chunks, then save.
+
+        Rows are read in slices of ``APPLY_SLICE``, so a big source's switch (100k passages)
+        never holds all its texts and vectors in memory at once.
+        """
+        db = self.catalog.db
+        gone: list[tuple[str, int]] = []
+        for start in range(0, len(touched), APPLY_SLICE):
+            part = touched[start : start + APPLY_SLICE]
+            marks = ",".join("?" * len(part))
+            present = {r[0] for r in db.execute(f"SELECT id FROM chunks WHERE id IN ({marks})",  # noqa: S608
+                                                [c for c, _ in part])}
+            gone += [(c, k) for c, k in part if c not in present]
         if vi is not None:
             vi.remove(np.array([k for _, k in gone], dtype=np.uint64))
-            if live:
-                vi.upsert(np.array([r["vkey"] for r in live], dtype=np.uint64),
-                          np.stack([blob_vector(r["vector"]) for r in live]))
-            vi.save(gen)
+
+        def live() -> Iterator[tuple[str, str]]:
+            for start in range(0, len(touched), APPLY_SLICE):
+                rows = self.catalog.chunk_rows(self.id, [c for c, _ in touched[start : start + APPLY_SLICE]])
+                if vi is not None and rows:
+                    vi.upsert(np.array([r["vkey"] for r in rows], dtype=np.uint64),
+                              np.stack([blob_vector(r["vector"]) for r in rows]))
+                for r in rows:
+                    yield r["id"], passage_text(r["title"], r["text"])
+
         if ki is not None:
-            ki.write([(r["id"], passage_text(r["title"], r["text"])) for r in live],
-                     [c for c, _ in gone], gen)
+            ki.write(live(), [c for c, _ in gone], gen)
+        else:
+            for _ in live():
+                pass
+        if vi is not None:
+            vi.save(gen)
 
     def _rebuild_vectors(self, gen: int) -> VectorIndex:
         vi = VectorIndex(self.vector_path, self.record.model, self.record.dim)
