@@ -579,7 +579,7 @@ class _Writer:
                 err = InvalidDocument("no passages could be made from the text")
                 self.take(("fail", src, err))
             elif src.staged:
-                self.stage(src)
+                self.stage(src, final=True)
                 self.finish(src.item, self.switch(src), src)
             else:
                 self.ready.append(src)
@@ -615,7 +615,6 @@ class _Writer:
             if src.staged_before.get(c.index) == h:
                 src.resumed += 1
                 job.progress.discount(c.tokens)
-                job.progress.embedded(1, 0)
                 continue
             src.pending.append((c, text))
             src.pending_tokens += c.tokens
@@ -737,8 +736,21 @@ class _Writer:
         self.job.progress.emit("write", total, total, force=True)
 
     # -- big sources: staged batches, then one switch ----------------------------------------
-    def stage(self, src: _Source) -> None:
-        """Embed the big source's pending passages and commit them to the staging table."""
+    def stage(self, src: _Source, *, final: bool = False) -> None:
+        """Embed the big source's pending passages a batch at a time, committing each batch to
+        the staging table; with ``final`` also the last, shorter batch."""
+        limit = self.job.batch_tokens
+        while src.pending and (final or src.pending_tokens >= limit):
+            take, tokens = 0, 0
+            while take < len(src.pending) and (take == 0 or tokens + src.pending[take][0].tokens <= limit):
+                tokens += src.pending[take][0].tokens
+                take += 1
+            rest, rest_tokens = src.pending[take:], src.pending_tokens - tokens
+            src.pending, src.pending_tokens = src.pending[:take], tokens
+            self._stage_batch(src)
+            src.pending, src.pending_tokens = rest, rest_tokens
+
+    def _stage_batch(self, src: _Source) -> None:
         kb = self.kb
         chunks = {c.index: c for c, _t in src.pending}
         vectors = self.embed([src])[id(src)]
@@ -765,8 +777,6 @@ class _Writer:
         """The one transaction that makes a staged source's new version visible."""
         kb = self.kb
         n = len(src.hashes)
-        if not n:
-            raise InvalidDocument(f"{src.name}: no passages could be made from the text")
         if len(src.failures) == n:
             with kb.catalog.tx() as db:
                 staging.unstage(db, src.sid)
@@ -1124,8 +1134,10 @@ def add_capture(kb: KnowledgeBase, *, url: str | None, title: str | None = None,
     if cap and size > cap:
         raise SourceTooLarge(too_large_reason(size, cap), detail={"bytes": size, "cap": cap})
     page_url = canonical_url or url
-    if progress is not None:
-        JobProgress(progress).emit("extract", 0, 1, current=page_url or title)
+    if progress is not None:  # extraction runs before the job starts: say so in the job's terms
+        early = JobProgress(progress)
+        early.add_sources(1)
+        early.emit("extract", 0, 1, current=page_url or title or "page")
     if pdf is not None:
         doc = extract_bytes(pdf, name=page_url or "document.pdf", content_type="application/pdf",
                             url=page_url, title=title)
