@@ -92,7 +92,8 @@ def test_cli_add_ends_with_one_line_of_counts_and_time(tmp_path):
     res = run_cli(["add", "Docs", str(tmp_path / "notes")], home)
     assert res.returncode == 0, res.stderr
     last = res.stdout.strip().splitlines()[-1]
-    assert re.fullmatch(r"4 sources: 4 added — \d+ passages embedded in \d+:\d\d(, [\d,]+ tokens/s)?", last), last
+    pattern = r"4 sources: 4 added — \d+ passages embedded in \d+:\d\d(, [\d,]+ tokens/s)?"
+    assert re.fullmatch(pattern, last), last
     one = run_cli(["add", "Docs", str(tmp_path / "notes" / "only.md")], home)
     assert one.stdout.strip().splitlines()[-1].startswith("1 source: 1 unchanged — 0 passages embedded")
 
@@ -170,8 +171,8 @@ def test_a_second_add_of_the_same_folder_waits_and_embeds_nothing_twice(tmp_path
     run_cli(["kb", "create", "Docs"], home, check=True)
     write_notes(tmp_path / "notes", 30, paragraphs=8)
     env = {**os.environ, "LOCALKB_HOME": str(home)}
-    procs = [subprocess.Popen([sys.executable, "-m", "localkb", "add", "Docs", str(tmp_path / "notes"), "--json"],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cmd = [sys.executable, "-m", "localkb", "add", "Docs", str(tmp_path / "notes"), "--json"]
+    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
     outs = [p.communicate(timeout=600) for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
@@ -206,7 +207,8 @@ def test_ctrl_c_stops_at_a_safe_point_and_says_what_was_kept(tmp_path):
     assert 3 <= kept < 40
     assert f"interrupted: kept {kept} of 40 sources; run the same command to finish" in out
     assert "Traceback" not in err
-    assert rows(home, "SELECT COUNT(*) FROM chunks")[0][0] == rows(home, "SELECT SUM(chunk_count) FROM sources")[0][0]
+    chunks = rows(home, "SELECT COUNT(*) FROM chunks")[0][0]
+    assert chunks == rows(home, "SELECT SUM(chunk_count) FROM sources")[0][0]
     assert json.loads(run_cli(["doctor", "--json"], home).stdout)["clean"]
     again = json.loads(run_cli(["add", "Docs", str(tmp_path / "notes"), "--json"], home).stdout)
     by = again["totals"]["by_status"]

@@ -134,8 +134,8 @@ def test_watch_picks_up_a_new_file_and_stops_cleanly(tmp_path):
     folder = tmp_path / "docs"
     note(folder, "first.md", "first")
     env = {**os.environ, "LOCALKB_HOME": str(home)}
-    proc = subprocess.Popen([sys.executable, "-m", "localkb", "sync", "Docs", str(folder), "--watch", "--json"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cmd = [sys.executable, "-m", "localkb", "sync", "Docs", str(folder), "--watch", "--json"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=_reader, args=(proc.stdout, lines), daemon=True).start()
     try:
