@@ -143,8 +143,9 @@ def test_pdf_library_warnings_go_to_the_log_not_the_terminal(tmp_path):
 
 def _hit(title: str, cosine: float, *, relevant: bool, bm25: float | None = None) -> Hit:
     return Hit(kb="kb1", kb_name="Docs", chunk_id=title, source_id=title, title=title, url=None,
-               file_name=None, chunk_index=0, chunk_count=1, page=None, text=title, score=0.5, cosine=cosine, bm25=bm25,
-               matched_terms=2 if bm25 else 0, lists=["keyword"] if bm25 else ["vector"], relevant=relevant)
+               file_name=None, chunk_index=0, chunk_count=1, page=None, text=title, score=0.5, cosine=cosine,
+               bm25=bm25, matched_terms=2 if bm25 else 0, lists=["keyword"] if bm25 else ["vector"],
+               relevant=relevant)
 
 
 def test_explain_draws_a_counted_keyword_hit_above_the_cut_off_line():
