@@ -43,6 +43,13 @@ WORDS = ("storage network quota error retry cable proxy backup archive restore i
          "bearing gasket filter relay fuse breaker panel meter the a of and to in for on with").split()
 
 
+def _cpu() -> float:
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
 def mmm(xs: list[float]) -> str:
     return f"{min(xs):8.2f} {statistics.median(xs):8.2f} {max(xs):8.2f}"
 
@@ -55,6 +62,9 @@ def throughput(docs: int, rounds: int) -> None:
             (folder / f"{d['_id']}.md").write_text(f"# {d['title']}\n\n{d['text']}\n", encoding="utf-8")
         pipe_s: list[float] = []
         raw_s: list[float] = []
+        pipe_cpu: list[float] = []
+        raw_cpu: list[float] = []
+        waits: list[dict] = []
         texts: list[str] = []
         tokens = 0
         variant = None
@@ -65,9 +75,11 @@ def throughput(docs: int, rounds: int) -> None:
             kb.embedder.load()
             kb.embedder.embed(["warm up the session"] * 8)
             variant = kb.embedder.describe()["variant"]
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), _cpu()
             report = add_paths(kb, [str(folder)])
             pipe_s.append(time.perf_counter() - t0)
+            pipe_cpu.append(_cpu() - c0)
+            waits.append(report.timings)
             if not texts:
                 rows = store.catalog.db.execute(
                     "SELECT s.title, c.text FROM chunks c JOIN sources s ON s.id = c.source_id "
@@ -75,9 +87,10 @@ def throughput(docs: int, rounds: int) -> None:
                 texts = [passage_text(t, x) for t, x in rows]
                 tokens = sum(len(e.ids) for e in kb.embedder.tokenizer.encode_batch(texts))
                 assert report.totals()["added"] == len(texts), report.totals()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), _cpu()
             kb.embedder.embed(texts)
             raw_s.append(time.perf_counter() - t0)
+            raw_cpu.append(_cpu() - c0)
             store.close()
         ratios = [raw / pipe for raw, pipe in zip(raw_s, pipe_s, strict=True)]
         print(f"throughput: {docs} documents -> {len(texts)} passages, {tokens:,} model tokens; "
@@ -88,6 +101,12 @@ def throughput(docs: int, rounds: int) -> None:
         print(f"{'pipeline tokens/s':28} {mmm([tokens / s for s in pipe_s])}")
         print(f"{'raw model tokens/s':28} {mmm([tokens / s for s in raw_s])}")
         print(f"{'pipeline / raw (per round)':28} {mmm(ratios)}   (target >= 0.85)")
+        print(f"{'CPU s: pipeline':28} {mmm(pipe_cpu)}")
+        print(f"{'CPU s: raw model':28} {mmm(raw_cpu)}")
+        print(f"{'CPU raw / pipeline':28} {mmm([r / p for r, p in zip(raw_cpu, pipe_cpu, strict=True)])}"
+              "   (the work besides the model; load on the machine does not move it)")
+        for key in ("wait_s", "embed_s", "write_s"):
+            print(f"{'pipeline ' + key:28} {mmm([w[key] for w in waits])}")
         print("rounds: " + ", ".join(f"{p:.1f}s/{r:.1f}s = {x:.2f}" for p, r, x in
                                       zip(pipe_s, raw_s, ratios, strict=True)))
 

@@ -163,6 +163,8 @@ class IngestReport:
     elapsed_s: float = 0.0
     tokens: int = 0  # embedded by this job
     passages: int = 0  # embedded by this job
+    #: Seconds the writer spent waiting for text, in the model, and writing.
+    timings: dict = field(default_factory=dict)
 
     def totals(self) -> dict:
         keys = ("added", "updated", "unchanged", "removed", "failed", "total")
@@ -180,7 +182,8 @@ class IngestReport:
         return {"sources": [s.to_dict() for s in self.sources], "totals": self.totals(),
                 "interrupted": self.interrupted, "pending": self.pending, "staged": self.staged,
                 "excluded": self.excluded, "elapsed_s": round(self.elapsed_s, 2),
-                "tokens": self.tokens, "passages": self.passages, "summary": self.summary}
+                "tokens": self.tokens, "passages": self.passages, "timings": self.timings,
+                "summary": self.summary}
 
     @property
     def summary(self) -> str:
@@ -386,6 +389,8 @@ class _Job:
         self.locks = StripedLocks(kb.store.root / "locks" / "sources")
         self.recipe = _recipe(kb)
         self.report = IngestReport()
+        #: Where the writer's time went: waiting for the reader, in the model, in writes.
+        self.timings = {"wait_s": 0.0, "embed_s": 0.0, "write_s": 0.0}
         self._done_items: set[int] = set()
         self._item_keys: dict[int, str] = {}
 
@@ -555,6 +560,7 @@ class _Writer:
         self.kb = job.kb
         self.ready: list[_Source] = []  # complete small sources waiting for their batch
         self.open: _Source | None = None
+        self.dead: set[int] = set()  # big sources that failed half-way: their last messages are dropped
 
     def pending_tokens(self) -> int:
         n = sum(s.pending_tokens for s in self.ready)
@@ -563,6 +569,25 @@ class _Writer:
         return n
 
     def take(self, msg: tuple) -> None:
+        """Handle one message; a store or model failure of one big source fails that source only."""
+        src = msg[1] if msg[0] in ("start", "chunks", "end", "fail") else None
+        if src is not None and id(src) in self.dead:
+            if msg[0] in ("end", "fail"):
+                self.dead.discard(id(src))
+            return
+        try:
+            self._take(msg)
+        except Cancelled:
+            raise
+        except LocalKBError as err:
+            if src is None or not src.staged:
+                raise
+            self.open = None
+            self.dead.add(id(src))
+            self.job.progress.discount(src.pending_tokens)
+            self.finish(src.item, self.job.failed_report(src.item, err), src)
+
+    def _take(self, msg: tuple) -> None:
         kind = msg[0]
         job = self.job
         if kind == "report":
@@ -667,7 +692,9 @@ class _Writer:
             job.progress.emit("embed", done, total)
 
         try:
+            t0 = time.perf_counter()
             vecs = kb.embedder.embed([t for _s, _c, t in todo], progress=tick)
+            job.timings["embed_s"] += time.perf_counter() - t0
             for (s, c, _t), vec in zip(todo, vecs, strict=True):
                 out[id(s)][c.index] = vec
             return out
@@ -732,7 +759,9 @@ class _Writer:
                 change.deleted.extend(_delete_stale(db, s, len(s.chunks)))
             return change
 
+        t0 = time.perf_counter()
         kb.write(mutate)
+        self.job.timings["write_s"] += time.perf_counter() - t0
         self.job.progress.emit("write", total, total, force=True)
 
     # -- big sources: staged batches, then one switch ----------------------------------------
@@ -793,7 +822,9 @@ class _Writer:
             change.deleted.extend(_delete_stale(db, src, n))
             return change
 
+        t0 = time.perf_counter()
         kb.write(mutate)
+        self.job.timings["write_s"] += time.perf_counter() - t0
         self.job.progress.emit("write", n, n, force=True)
         return _count(kb, src)
 
@@ -947,10 +978,13 @@ def _run(kb: KnowledgeBase, items: list[_Item], *, progress: Progress | None,
     try:
         while True:
             job.cancelled()
+            t0 = time.perf_counter()
             try:
                 msg = reader.out.get(timeout=0.2)
             except queue.Empty:
                 continue
+            finally:
+                job.timings["wait_s"] += time.perf_counter() - t0
             if msg[0] == "done":
                 writer.flush()
                 break
@@ -964,6 +998,7 @@ def _run(kb: KnowledgeBase, items: list[_Item], *, progress: Progress | None,
         job.report.elapsed_s = job.progress.elapsed()
         job.report.tokens = job.progress.tokens_embedded
         job.report.passages = job.progress.passages
+        job.report.timings = {k: round(v, 2) for k, v in job.timings.items()}
     if job.report.interrupted:
         job.report.pending = [i.name for i in items if id(i) not in job._done_items]
         with_staged = staging.staged_sources(kb.catalog.db, kb.id)
