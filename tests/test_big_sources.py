@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from conftest import make_pdf, run_cli
-from localkb.ingest.extract import open_file
 from localkb.ingest.pipeline import add_paths
 
 WORDS = ("storage network quota error retry cable proxy backup archive restore invoice customer ledger "
@@ -38,7 +37,7 @@ def count(home: Path, sql: str, args: tuple = ()) -> int:
 
 
 def test_a_text_file_streams_in_segments_that_chunk_like_the_whole(tmp_path):
-    from localkb.ingest.extract import extract_text
+    from localkb.ingest.extract import extract_text, open_file
 
     small = tmp_path / "small.txt"
     small.write_text("\n\n".join(paragraphs(30, 1)), encoding="utf-8")
@@ -56,6 +55,8 @@ def test_a_text_file_streams_in_segments_that_chunk_like_the_whole(tmp_path):
 
 
 def test_a_pdf_is_read_page_by_page(tmp_path):
+    from localkb.ingest.extract import open_file
+
     pages = [f"Page {i} is about the {WORDS[i]} and nothing else." for i in range(6)]
     pdf = make_pdf(tmp_path / "m.pdf", pages)
     read: list[int] = []

@@ -17,7 +17,6 @@ import pytest
 from conftest import run_cli
 from localkb.ingest import pipeline
 from localkb.ingest.pipeline import add_paths
-from localkb.ingest.progress import JobProgress
 
 
 def write_notes(folder: Path, n: int, prefix: str = "note", paragraphs: int = 3) -> list[Path]:
@@ -64,6 +63,8 @@ def test_progress_counts_the_whole_job_and_never_resets(kb, tmp_path):
 
 
 def test_rate_and_eta_are_over_the_whole_job_in_tokens():
+    from localkb.ingest.progress import JobProgress
+
     now = [0.0]
     seen: list[dict] = []
     job = JobProgress(seen.append, clock=lambda: now[0])

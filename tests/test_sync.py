@@ -16,7 +16,6 @@ from conftest import run_cli
 from hostproc import HostProcess
 from localkb.errors import InvalidInput
 from localkb.ingest import pipeline
-from localkb.ingest.sync import remembered, sync_folder
 
 HOST = [sys.executable, "-m", "localkb", "host"]
 
@@ -36,6 +35,8 @@ def stored_names(kb) -> set[str]:
 
 
 def test_sync_follows_edits_deletes_and_renames(kb, tmp_path, monkeypatch):
+    from localkb.ingest.sync import sync_folder
+
     folder = tmp_path / "docs"
     for name, topic in [("pump.md", "pump"), ("valve.md", "valve"), ("fuse.md", "fuse"),
                         ("sub/relay.md", "relay")]:
@@ -71,6 +72,8 @@ def test_sync_follows_edits_deletes_and_renames(kb, tmp_path, monkeypatch):
 
 
 def test_sync_remembers_the_folder_and_its_rules(kb, tmp_path):
+    from localkb.ingest.sync import remembered, sync_folder
+
     folder = tmp_path / "docs"
     note(folder, "keep.md", "keep")
     note(folder, "drafts/skip.md", "draft")
@@ -85,6 +88,8 @@ def test_sync_remembers_the_folder_and_its_rules(kb, tmp_path):
 
 
 def test_sync_of_a_missing_folder_removes_nothing(kb, tmp_path):
+    from localkb.ingest.sync import sync_folder
+
     folder = tmp_path / "usb"
     note(folder, "a.md", "alpha")
     sync_folder(kb, folder)
@@ -99,6 +104,8 @@ def test_sync_of_a_missing_folder_removes_nothing(kb, tmp_path):
 
 
 def test_sync_without_a_remembered_folder_says_how(kb):
+    from localkb.ingest.sync import sync_folder
+
     try:
         sync_folder(kb)
         raise AssertionError("expected an error")
@@ -107,6 +114,8 @@ def test_sync_without_a_remembered_folder_says_how(kb):
 
 
 def test_a_file_that_fails_to_read_keeps_its_stored_version(kb, tmp_path, monkeypatch):
+    from localkb.ingest.sync import sync_folder
+
     folder = tmp_path / "docs"
     path = note(folder, "a.md", "alpha")
     sync_folder(kb, folder)
