@@ -236,7 +236,7 @@ def h_source_list(data: dict, ctx) -> dict:
     from localkb.ingest.pipeline import list_sources
 
     kb = get_store().open_kb(req_str(data, "kb", max_len=200))
-    sort = req_str(data, "sort", required=False, max_len=20) or "title"
+    sort = req_str(data, "sort", required=False, max_len=20) or "added"
     rows, total = list_sources(kb, offset=req_int(data, "offset", 0, lo=0, hi=10**9),
                                limit=req_int(data, "limit", 100, lo=1, hi=10_000), sort=sort)
     return {"sources": rows, "total": total}
