@@ -148,33 +148,10 @@ def _full_text(html: str) -> str:
 def extract_pdf(data: bytes, *, url: str | None = None, file_name: str | None = None,
                 title: str | None = None) -> Document:
     """Text per page, so every chunk can name its page; a broken PDF is ``InvalidDocument``."""
-    import pypdf
-
     if not data.startswith(b"%PDF"):
         raise InvalidDocument("not a PDF file (no %PDF header)")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            reader = pypdf.PdfReader(io.BytesIO(data), strict=False)
-            if reader.is_encrypted:
-                try:
-                    reader.decrypt("")
-                except Exception as err:
-                    raise InvalidDocument("the PDF is encrypted") from err
-            sections = []
-            for number, page in enumerate(reader.pages, start=1):
-                page_text = _tidy(page.extract_text() or "")
-                if page_text:
-                    sections.append(Section(page_text, page=number))
-            meta_title = None
-            if reader.metadata is not None and reader.metadata.title:
-                meta_title = str(reader.metadata.title)
-    except InvalidDocument:
-        raise
-    except Exception as err:
-        raise InvalidDocument(f"the PDF could not be read: {err}") from err
-    if not sections:
-        raise InvalidDocument("the PDF has no extractable text (scanned images need OCR)")
+    reader, count, meta_title = _open_pdf(io.BytesIO(data))
+    sections = list(_pdf_pages(reader, count))
     fallback = file_name or (url.rsplit("/", 1)[-1] if url else None) or "Untitled PDF"
     return Document(
         title=_tidy(title or meta_title or fallback)[:300],
@@ -183,6 +160,49 @@ def extract_pdf(data: bytes, *, url: str | None = None, file_name: str | None = 
         url=url,
         file_name=file_name,
     )
+
+
+def _open_pdf(source) -> tuple[object, int, str | None]:
+    """(reader, page count, metadata title) of a PDF file or stream; broken: ``InvalidDocument``."""
+    import pypdf
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            reader = pypdf.PdfReader(source, strict=False)
+            if reader.is_encrypted:
+                try:
+                    reader.decrypt("")
+                except Exception as err:
+                    raise InvalidDocument("the PDF is encrypted") from err
+            count = len(reader.pages)
+            meta_title = None
+            if reader.metadata is not None and reader.metadata.title:
+                meta_title = str(reader.metadata.title)
+    except InvalidDocument:
+        raise
+    except Exception as err:
+        raise InvalidDocument(f"the PDF could not be read: {err}") from err
+    return reader, count, meta_title
+
+
+def _pdf_pages(reader, count: int, on_read: Callable[[int], None] | None = None) -> Iterator[Section]:
+    """The pages with text, extracted one at a time as they are asked for."""
+    found = False
+    for number in range(1, count + 1):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                page_text = _tidy(reader.pages[number - 1].extract_text() or "")
+        except Exception as err:
+            raise InvalidDocument(f"page {number} of the PDF could not be read: {err}") from err
+        if on_read:
+            on_read(1)
+        if page_text:
+            found = True
+            yield Section(page_text, page=number)
+    if not found:
+        raise InvalidDocument("the PDF has no extractable text (scanned images need OCR)")
 
 
 def extract_text(text: str, *, kind: str = "text", title: str | None = None,
@@ -307,49 +327,13 @@ def open_pdf_file(path: Path, *, on_read: Callable[[int], None] | None = None) -
 
     ``on_read(pages)`` is called as each page is handed out.
     """
-    import pypdf
-
     path = Path(path)
     with open(path, "rb") as fh:
         if not fh.read(5).startswith(b"%PDF"):
             raise InvalidDocument("not a PDF file (no %PDF header)")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            reader = pypdf.PdfReader(path, strict=False)
-            if reader.is_encrypted:
-                try:
-                    reader.decrypt("")
-                except Exception as err:
-                    raise InvalidDocument("the PDF is encrypted") from err
-            count = len(reader.pages)
-            meta_title = None
-            if reader.metadata is not None and reader.metadata.title:
-                meta_title = str(reader.metadata.title)
-    except InvalidDocument:
-        raise
-    except Exception as err:
-        raise InvalidDocument(f"the PDF could not be read: {err}") from err
-
-    def pages() -> Iterator[Section]:
-        found = False
-        for number in range(1, count + 1):
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    page_text = _tidy(reader.pages[number - 1].extract_text() or "")
-            except Exception as err:
-                raise InvalidDocument(f"page {number} of the PDF could not be read: {err}") from err
-            if on_read:
-                on_read(1)
-            if page_text:
-                found = True
-                yield Section(page_text, page=number)
-        if not found:
-            raise InvalidDocument("the PDF has no extractable text (scanned images need OCR)")
-
+    reader, count, meta_title = _open_pdf(path)
     return Document(title=_tidy(meta_title or path.name)[:300], type="pdf", file_name=path.name,
-                    stream=pages(), page_count=count)
+                    stream=_pdf_pages(reader, count, on_read), page_count=count)
 
 
 def open_file(path: Path, *, on_read: Callable[[int], None] | None = None) -> tuple[Document, str]:

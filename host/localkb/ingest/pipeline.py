@@ -797,7 +797,7 @@ class _Writer:
             for i in stale:
                 src.staged_before.pop(i)
         if rows:
-            staging.stage_rows(kb.catalog.db, rows)
+            staging.stage_rows(kb.catalog, rows)
             for idx in vectors:
                 src.staged_before[idx] = src.hashes[idx]
         self.job.progress.emit("write", len(src.staged_before), len(src.hashes), force=True)

@@ -74,23 +74,15 @@ def staged_hashes(db: sqlite3.Connection, sid: str, model: str) -> dict[int, str
         "SELECT idx, text_hash FROM ingest_staging WHERE source_id = ?", (sid,))}
 
 
-def stage_rows(db: sqlite3.Connection, rows: Iterable[tuple]) -> None:
+def stage_rows(catalog, rows: Iterable[tuple]) -> None:
     """Commit one batch of (kb_id, source_id, idx, chunk_id, vkey, model, text, text_hash, page,
     tokens, vector) to the staging table, in its own transaction."""
     now = time.time()
-    try:
-        db.execute("BEGIN IMMEDIATE")
+    with catalog.tx() as db:
         db.executemany(
             "INSERT OR REPLACE INTO ingest_staging (kb_id, source_id, idx, chunk_id, vkey, model, text, "
             "text_hash, page, tokens, vector, staged_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
             [(*r, now) for r in rows])
-        db.execute("COMMIT")
-    except BaseException as err:
-        if db.in_transaction:
-            db.execute("ROLLBACK")
-        if isinstance(err, sqlite3.Error):
-            raise StoreError(f"staging a batch failed: {err}") from err
-        raise
 
 
 def unstage(db: sqlite3.Connection, sid: str, idxs: Iterable[int] | None = None) -> None:
