@@ -15,6 +15,9 @@ knowledge base.
 ``source_files`` keeps each file source's fingerprint (size, mtime, sha256) and the
 recipe (chunker version, passage sizes, model) its passages were made with, so an
 unchanged file is recognised from a stat, or at worst a hash, without extracting it.
+
+Two indexes serve ingest: passages by text hash (a vector copied from an identical passage)
+and errors by ref (a skipped file is logged once, not on every re-add).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ CREATE TABLE IF NOT EXISTS source_files (
     recipe TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS chunks_text_hash ON chunks (kb_id, text_hash);
+CREATE INDEX IF NOT EXISTS errors_ref ON errors (ref, id);
 """
 
 
