@@ -68,7 +68,12 @@ def test_a_pdf_is_read_page_by_page(tmp_path):
     assert [s.page for s in sections] == [2, 3, 4, 5, 6] and read == [1] * 6
 
 
-def test_a_big_source_is_staged_and_switched_in_whole(kb, tmp_path):
+def test_a_big_source_is_staged_and_switched_in_whole(kb, tmp_path, monkeypatch):
+    from localkb.store import kb as kb_module
+
+    # Small slices and keyword commits, so the switch's index update takes several of each.
+    monkeypatch.setattr(kb_module, "APPLY_SLICE", 16)
+    monkeypatch.setattr(kb_module, "APPLY_COMMIT", 40)
     path = tmp_path / "big.txt"
     path.write_text("\n\n".join(paragraphs(120, 3)), encoding="utf-8")
     events: list[dict] = []

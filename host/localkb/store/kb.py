@@ -37,8 +37,9 @@ from localkb.store.keywords import KeywordIndex
 from localkb.store.vectors import VectorIndex
 
 PRIVACY = ("device", "cloud")
-#: Chunks read at a time when the derived indexes catch up with a write.
+#: Chunks read at a time when the derived indexes catch up with a write, and per keyword commit.
 APPLY_SLICE = 2048
+APPLY_COMMIT = 16_384
 _NAME = re.compile(r"^[^\x00-\x1f/\\]{1,80}$")
 
 
@@ -282,34 +283,41 @@ class KnowledgeBase:
                touched: list[tuple[str, int]], gen: int) -> None:
         """Make the indexes agree with the catalogue for ``touched`` chunks, then save.
 
-        Rows are read in slices of ``APPLY_SLICE``, so a big source's switch (100k passages)
-        never holds all its texts and vectors in memory at once.
+        Rows are read in slices of ``APPLY_SLICE`` and the keyword index commits every
+        ``APPLY_COMMIT`` chunks, so a big source's switch (100k passages) never holds all its
+        texts, vectors or postings in memory at once. Only the last commit records ``gen``:
+        a crash in between leaves the index at its old generation, and the next open catches
+        it up from the change log (upserts and deletes are idempotent).
         """
         db = self.catalog.db
-        gone: list[tuple[str, int]] = []
-        for start in range(0, len(touched), APPLY_SLICE):
-            part = touched[start : start + APPLY_SLICE]
-            marks = ",".join("?" * len(part))
-            present = {r[0] for r in db.execute(f"SELECT id FROM chunks WHERE id IN ({marks})",  # noqa: S608
-                                                [c for c, _ in part])}
-            gone += [(c, k) for c, k in part if c not in present]
-        if vi is not None:
-            vi.remove(np.array([k for _, k in gone], dtype=np.uint64))
+        for group_start in range(0, max(len(touched), 1), APPLY_COMMIT):
+            group = touched[group_start : group_start + APPLY_COMMIT]
+            last = group_start + APPLY_COMMIT >= len(touched)
+            gone: list[tuple[str, int]] = []
+            for start in range(0, len(group), APPLY_SLICE):
+                part = group[start : start + APPLY_SLICE]
+                marks = ",".join("?" * len(part))
+                present = {r[0] for r in db.execute(f"SELECT id FROM chunks WHERE id IN ({marks})",  # noqa: S608
+                                                    [c for c, _ in part])}
+                gone += [(c, k) for c, k in part if c not in present]
+            if vi is not None:
+                vi.remove(np.array([k for _, k in gone], dtype=np.uint64))
 
-        def live() -> Iterator[tuple[str, str]]:
-            for start in range(0, len(touched), APPLY_SLICE):
-                rows = self.catalog.chunk_rows(self.id, [c for c, _ in touched[start : start + APPLY_SLICE]])
-                if vi is not None and rows:
-                    vi.upsert(np.array([r["vkey"] for r in rows], dtype=np.uint64),
-                              np.stack([blob_vector(r["vector"]) for r in rows]))
-                for r in rows:
-                    yield r["id"], passage_text(r["title"], r["text"])
+            def live(group=group) -> Iterator[tuple[str, str]]:
+                for start in range(0, len(group), APPLY_SLICE):
+                    ids = [c for c, _ in group[start : start + APPLY_SLICE]]
+                    rows = self.catalog.chunk_rows(self.id, ids)
+                    if vi is not None and rows:
+                        vi.upsert(np.array([r["vkey"] for r in rows], dtype=np.uint64),
+                                  np.stack([blob_vector(r["vector"]) for r in rows]))
+                    for r in rows:
+                        yield r["id"], passage_text(r["title"], r["text"])
 
-        if ki is not None:
-            ki.write(live(), [c for c, _ in gone], gen)
-        else:
-            for _ in live():
-                pass
+            if ki is not None:
+                ki.write(live(), [c for c, _ in gone], gen if last else ki.generation)
+            else:
+                for _ in live():
+                    pass
         if vi is not None:
             vi.save(gen)
 
