@@ -39,7 +39,7 @@ from localkb.store.vectors import VectorIndex
 PRIVACY = ("device", "cloud")
 #: Chunks read at a time when the derived indexes catch up with a write, and per keyword commit.
 APPLY_SLICE = 2048
-APPLY_COMMIT = 16_384
+APPLY_COMMIT = 8192
 _NAME = re.compile(r"^[^\x00-\x1f/\\]{1,80}$")
 
 
