@@ -161,7 +161,8 @@ def test_a_30_mb_text_file_is_added_in_bounded_memory(tmp_path):
                          env={**os.environ, "LOCALKB_HOME": str(home)}, timeout=3600, check=False)
     assert res.returncode == 0, res.stderr[-2000:]
     src = json.loads(res.stdout)["sources"][0]
-    assert src["status"] == "added" and src["added"] == src["total"] > 90_000
+    # (The hashing model counts words, not word pieces: ~69k passages here, ~99k with MiniLM.)
+    assert src["status"] == "added" and src["added"] == src["total"] > 50_000
     peak = int(res.stderr.rsplit("PEAK_RSS_MB", 1)[1].split()[0])
     assert peak < 600, f"peak RSS {peak} MB"
     assert count(home, "SELECT COUNT(*) FROM chunks") == src["total"]
