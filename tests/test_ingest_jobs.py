@@ -167,6 +167,24 @@ def test_an_unchanged_file_is_not_read_again_and_a_touched_one_only_hashed(kb, t
                                             "skipped": 0, "failed": 0}
 
 
+def test_an_unchanged_re_add_never_touches_the_model(store, tmp_path, monkeypatch):
+    store.create_kb("Docs")
+    write_notes(tmp_path / "notes", 4)
+    add_paths(store.open_kb("Docs"), [str(tmp_path / "notes")])
+    store.close()
+    from localkb.store.kb import Store
+
+    fresh = Store(store.settings)  # a new process, in effect: no embedder chosen yet
+
+    def no_model(*_a, **_k):
+        raise AssertionError("choosing the model checks its files' hashes: not needed here")
+
+    monkeypatch.setattr(fresh.models, "get", no_model)
+    report = add_paths(fresh.open_kb("Docs"), [str(tmp_path / "notes")])
+    assert report.totals()["by_status"]["unchanged"] == 4
+    fresh.close()
+
+
 def test_a_second_add_of_the_same_folder_waits_and_embeds_nothing_twice(tmp_path):
     home = tmp_path / "home"
     run_cli(["kb", "create", "Docs"], home, check=True)

@@ -176,14 +176,23 @@ class KnowledgeBase:
         self.store = store
         self.record = record
         self.catalog = store.catalog
-        self.embedder: Embedder = store.models.get(record.model)
-        if self.embedder.dim != record.dim:
-            raise ModelMismatch(f"model {record.model} has {self.embedder.dim} dimensions, "
+        # The embedder is chosen on first use (choosing MiniLM checks the model files' hashes):
+        # re-adding an unchanged folder never needs it.
+        self._embedder: Embedder | None = None
+        spec_dim = store.models.spec(record.model).dim
+        if spec_dim != record.dim:
+            raise ModelMismatch(f"model {record.model} has {spec_dim} dimensions, "
                                 f"the knowledge base was created with {record.dim}")
         self.dir = store.kb_dir(record.id)
         self._vectors: VectorIndex | None = None
         self._keywords: KeywordIndex | None = None
         self._lock = threading.RLock()
+
+    @property
+    def embedder(self) -> Embedder:
+        if self._embedder is None:
+            self._embedder = self.store.models.get(self.record.model)
+        return self._embedder
 
     @property
     def id(self) -> str:
