@@ -163,7 +163,7 @@ def big_pdf(pages: int, model: str) -> None:
         peak_rss(f"{pages}-page PDF", path, Path(tmp) / "data", model)
 
 
-def python_docs() -> None:
+def python_docs(model: str) -> None:
     if not PYTHON_DOCS.is_dir():
         print(f"python docs: {PYTHON_DOCS} is not installed (Debian's python3.11-doc)")
         return
@@ -180,10 +180,10 @@ def python_docs() -> None:
                                  capture_output=True, text=True, check=False)
             return time.perf_counter() - t0, res.stdout.strip().splitlines()[-1]
 
-        subprocess.run([sys.executable, "-m", "localkb", "kb", "create", "Py"], env=env, check=True,
-                       capture_output=True)
+        subprocess.run([sys.executable, "-m", "localkb", "kb", "create", "Py", "--model", model], env=env,
+                       check=True, capture_output=True)
         first_s, first = add()
-        print(f"python docs, first add: {first_s:.1f} s — {first}")
+        print(f"python docs ({model}), first add: {first_s:.1f} s — {first}")
         again = [add() for _ in range(3)]
         print("python docs, re-added unchanged (a fresh process each): "
               + ", ".join(f"{s:.2f} s" for s, _ in again) + f" — {again[-1][1]}")
@@ -204,8 +204,8 @@ def main() -> None:
     ap.add_argument("--pdf-pages", type=int, default=0)
     ap.add_argument("--python-docs", action="store_true")
     ap.add_argument("--big-model", default="all-MiniLM-L6-v2",
-                    help="model of the big-file cases (hashing-256: the same streaming without the "
-                         "model's time, for a loaded machine)")
+                    help="model of the big-file and Python-docs cases (hashing-256: the same streaming "
+                         "and unchanged path without the model's time, for a loaded machine)")
     ap.add_argument("--no-throughput", action="store_true")
     ap.add_argument("--all", action="store_true")
     args = ap.parse_args()
@@ -220,7 +220,7 @@ def main() -> None:
     if args.big_text_mb:
         big_text(args.big_text_mb, args.big_model)
     if args.python_docs:
-        python_docs()
+        python_docs(args.big_model)
 
 
 if __name__ == "__main__":
