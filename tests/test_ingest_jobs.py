@@ -62,6 +62,28 @@ def test_progress_counts_the_whole_job_and_never_resets(kb, tmp_path):
     assert all(e["eta_s"] is None or e["eta_s"] >= 0 for e in events)
 
 
+def test_the_model_starts_before_the_batch_is_read_and_the_batch_is_one_write(kb, tmp_path, monkeypatch):
+    write_notes(tmp_path / "notes", 60, paragraphs=10)
+    order: list[str] = []
+    real_open, real_embed = pipeline.open_file, kb.embedder.embed
+    monkeypatch.setattr(pipeline, "open_file", lambda p, **kw: (order.append("read"), real_open(p, **kw))[1])
+
+    def embed(texts, progress=None):
+        order.append("embed")
+        return real_embed(texts, progress)
+
+    monkeypatch.setattr(kb.embedder, "embed", embed)
+    gen = kb.record.generation
+    report = add_paths(kb, [str(tmp_path / "notes")])
+    assert report.totals()["by_status"]["added"] == 60
+    assert order.count("read") == 60 and order.count("embed") >= 2
+    # The model ran while sources of the same batch were still to be read (the old pipeline
+    # read a whole batch, then embedded it, while the model waited)...
+    assert order.index("embed") < len(order) - 1 - order[::-1].index("read")
+    # ...and the batch was still written in one transaction.
+    assert kb.store.resolve(kb.id).generation == gen + 1
+
+
 def test_rate_and_eta_are_over_the_whole_job_in_tokens():
     from localkb.ingest.progress import JobProgress
 

@@ -87,6 +87,9 @@ __all__ = ["DEFAULT_EXCLUDES", "add_capture", "add_document", "add_paths", "inge
 #: stays small against the embedding time whatever the passage size. A source with more
 #: passages than fit in one batch is staged (see the module docstring).
 BATCH_TOKENS = 65_536
+#: Tokens gathered before the writer embeds them ahead of the batch's write (a few model
+#: batches): the model starts while the reader is still reading the batch's later sources.
+EMBED_STEP = 8_192
 #: Messages the reader may run ahead of the writer (a message is one section's passages:
 #: a PDF page, or a text segment of ``TEXT_SEGMENT_CHARS``).
 QUEUE_DEPTH = 8
@@ -281,7 +284,8 @@ class _Source:
     resumed: int = 0
     reused: int = 0
     tokens: int = 0  # all passages
-    pending_tokens: int = 0
+    pending_tokens: int = 0  # waiting for the model now
+    need_tokens: int = 0  # all that needed vectors (small sources: the batch size it adds)
 
     @property
     def name(self) -> str:
@@ -561,12 +565,38 @@ class _Writer:
         self.ready: list[_Source] = []  # complete small sources waiting for their batch
         self.open: _Source | None = None
         self.dead: set[int] = set()  # big sources that failed half-way: their last messages are dropped
+        self.embed_broken = False
+
+    def _small(self) -> list[_Source]:
+        """The small sources of the batch being gathered: the complete ones and the open one."""
+        out = list(self.ready)
+        if self.open is not None and not self.open.staged:
+            out.append(self.open)
+        return out
 
     def pending_tokens(self) -> int:
-        n = sum(s.pending_tokens for s in self.ready)
-        if self.open is not None and not self.open.staged:
-            n += self.open.pending_tokens
-        return n
+        """Tokens of the gathered batch still waiting for the model."""
+        return sum(s.pending_tokens for s in self._small())
+
+    def batch_tokens(self) -> int:
+        """Tokens of the gathered batch that need vectors (embedded ahead or not): its size."""
+        return sum(s.need_tokens for s in self._small())
+
+    def embed_ahead(self) -> None:
+        """Embed what the batch has so far once it is worth a few model batches, so the model
+        works while the reader reads; the batch is still written in one transaction later."""
+        if self.embed_broken or self.pending_tokens() < EMBED_STEP:
+            return
+        sources = self._small()
+        try:
+            vectors = self.embed(sources)
+        except Cancelled:
+            raise
+        except LocalKBError:
+            self.embed_broken = True  # the flush meets the same error and reports it per source
+            return
+        for src in sources:
+            src.vectors.update(vectors[id(src)])
 
     def take(self, msg: tuple) -> None:
         """Handle one message; a store or model failure of one big source fails that source only."""
@@ -608,8 +638,10 @@ class _Writer:
                 self.finish(src.item, self.switch(src), src)
             else:
                 self.ready.append(src)
-                if self.pending_tokens() >= job.batch_tokens:
+                if self.batch_tokens() >= job.batch_tokens:
                     self.flush()
+                else:
+                    self.embed_ahead()
         elif kind == "fail":
             src, err = msg[1], msg[2]
             self.open = None
@@ -643,18 +675,26 @@ class _Writer:
                 continue
             src.pending.append((c, text))
             src.pending_tokens += c.tokens
+            src.need_tokens += c.tokens
         if src.staged:
             if src.pending_tokens >= job.batch_tokens:
                 self.stage(src)
-        elif src.tokens >= job.batch_tokens or src.pending_tokens >= job.batch_tokens or src.resumed:
+        elif src.tokens >= job.batch_tokens or src.need_tokens >= job.batch_tokens or src.resumed:
             # Too big for one batch (or already half staged by a run before): stage it.
+            self.open = None
             self.flush()
+            self.open = src
             src.staged = True
+            if src.vectors:  # embedded ahead while it still looked small
+                self._stage_vectors(src, src.vectors, {c.index: c for c in src.chunks}, src.vectors)
+                src.vectors = {}
             src.chunks = []
             if src.pending_tokens >= job.batch_tokens:
                 self.stage(src)
-        elif self.pending_tokens() >= job.batch_tokens:
+        elif self.batch_tokens() >= job.batch_tokens:
             self.flush()
+        else:
+            self.embed_ahead()
 
     # -- embedding ------------------------------------------------------------------------
     def embed(self, sources: list[_Source]) -> dict[int, dict[int, np.ndarray]]:
@@ -664,23 +704,22 @@ class _Writer:
         kb = self.kb
         wanted = [(s, c, text) for s in sources for c, text in s.pending]
         out: dict[int, dict[int, np.ndarray]] = {id(s): {} for s in sources}
-        for s in sources:
-            s.pending, s.pending_tokens = [], 0
         if not wanted:
             return out
         copies = _vectors_by_hash(kb, [_text_hash(t) for _s, _c, t in wanted])
-        todo = []
+        todo = [(s, c, text) for s, c, text in wanted if _text_hash(text) not in copies]
+        if todo:
+            kb.embedder.load()  # a model that cannot load raises here, before anything is taken
+        for s in sources:
+            s.pending, s.pending_tokens = [], 0
         for s, c, text in wanted:
             vec = copies.get(_text_hash(text))
             if vec is not None:
                 out[id(s)][c.index] = vec
                 s.reused += 1
                 job.progress.discount(c.tokens)
-            else:
-                todo.append((s, c, text))
         if not todo:
             return out
-        kb.embedder.load()
         total_tokens = sum(c.tokens for _s, c, _t in todo)
         seen = [0, 0]
 
@@ -721,7 +760,7 @@ class _Writer:
         try:
             vectors = self.embed(batch)
             for s in batch:
-                s.vectors = vectors[id(s)]
+                s.vectors.update(vectors[id(s)])
             self.job.cancelled()
             writable = [s for s in batch if len(s.failures) < len(s.chunks) and not _unchanged(self.kb, s)]
             if writable:
@@ -780,17 +819,21 @@ class _Writer:
             src.pending, src.pending_tokens = rest, rest_tokens
 
     def _stage_batch(self, src: _Source) -> None:
-        kb = self.kb
         chunks = {c.index: c for c, _t in src.pending}
         vectors = self.embed([src])[id(src)]
         self.job.cancelled()
+        self._stage_vectors(src, vectors, chunks, chunks)
+
+    def _stage_vectors(self, src: _Source, vectors: dict, chunks: dict, tried: Iterable[int]) -> None:
+        """Commit these vectors of a big source to staging; ``tried`` ones without a vector failed."""
+        kb = self.kb
         rows = []
         for idx, vec in sorted(vectors.items()):
             c = chunks[idx]
             cid = chunk_id(kb.id, src.sid, idx)
             rows.append((kb.id, src.sid, idx, cid, vector_key(cid), kb.record.model, c.text,
                          src.hashes[idx], c.page, c.tokens, vector_blob(vec)))
-        stale = [i for i in chunks if i not in vectors and i in src.staged_before]
+        stale = [i for i in tried if i not in vectors and i in src.staged_before]
         if stale:  # failed now: an older staged text at that place must not be switched in
             with kb.catalog.tx() as db:
                 staging.unstage(db, src.sid, stale)
