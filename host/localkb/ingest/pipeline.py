@@ -90,9 +90,11 @@ BATCH_TOKENS = 65_536
 #: Tokens gathered before the writer embeds them ahead of the batch's write (a few model
 #: batches): the model starts while the reader is still reading the batch's later sources.
 EMBED_STEP = 8_192
-#: Messages the reader may run ahead of the writer (a message is one section's passages:
-#: a PDF page, or a text segment of ``TEXT_SEGMENT_CHARS``).
-QUEUE_DEPTH = 8
+#: How far the reader may run ahead of the writer, in model tokens of passages (a message
+#: is one section's passages: a page, a text segment of ``TEXT_SEGMENT_CHARS``, a small
+#: file). Four embedding steps: while the model embeds one, the next ones are being read,
+#: however small the sources are. One message always fits, whatever its size.
+QUEUE_TOKENS = 4 * 8_192
 
 Progress = Callable[[dict], None]
 CancelCheck = Callable[[], None]
@@ -300,18 +302,14 @@ class _Reader(threading.Thread):
         super().__init__(name="localkb-ingest-reader", daemon=True)
         self.job = job
         self.items = items
-        self.out: queue.Queue = queue.Queue(maxsize=QUEUE_DEPTH)
+        self.out = _TokenQueue(QUEUE_TOKENS)
         self.stop = threading.Event()
         self.started_items = 0
 
     def put(self, msg: tuple) -> None:
-        while not self.stop.is_set():
-            try:
-                self.out.put(msg, timeout=0.1)
-                return
-            except queue.Full:
-                continue
-        raise _Stopped
+        tokens = sum(c.tokens for c, *_rest in msg[2]) if msg[0] == "chunks" else 0
+        if not self.out.put(msg, tokens, self.stop):
+            raise _Stopped
 
     def run(self) -> None:
         try:
@@ -375,6 +373,40 @@ class _Reader(threading.Thread):
 
 class _Stopped(Exception):
     """The writer asked the reader to stop."""
+
+
+class _TokenQueue:
+    """A FIFO bounded by the model tokens it holds, and by 1,024 messages (one always fits)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._items: list[tuple[tuple, int]] = []
+        self._tokens = 0
+        self._cond = threading.Condition()
+
+    def put(self, msg: tuple, tokens: int, stop: threading.Event) -> bool:
+        """Wait for room; False if ``stop`` was set meanwhile."""
+        with self._cond:
+            while self._items and (self._tokens + tokens > self.limit or len(self._items) >= 1024):
+                if stop.is_set():
+                    return False
+                self._cond.wait(0.1)
+            if stop.is_set():
+                return False
+            self._items.append((msg, tokens))
+            self._tokens += tokens
+            self._cond.notify_all()
+            return True
+
+    def get(self, timeout: float) -> tuple:
+        """The oldest message; ``queue.Empty`` after ``timeout`` seconds without one."""
+        with self._cond:
+            if not self._items and not self._cond.wait_for(lambda: bool(self._items), timeout):
+                raise queue.Empty
+            msg, tokens = self._items.pop(0)
+            self._tokens -= tokens
+            self._cond.notify_all()
+            return msg
 
 
 # == the job =================================================================================
