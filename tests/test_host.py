@@ -52,6 +52,13 @@ def test_every_message_type_over_framed_bytes(tmp_path):
         assert reply["ok"], reply
         assert events and all(m.get("event") == "progress" for m in events)
         assert {m["data"]["stage"] for m in events} >= {"chunk", "embed", "write"}
+        job_fields = {"stage", "done", "total", "sources_done", "sources_total", "current", "passages",
+                      "unit", "rate", "eta_s", "elapsed_s"}
+        assert all(job_fields <= set(m["data"]) for m in events), events[0]
+        assert all(m["data"]["unit"] == "tokens" and m["data"]["sources_total"] == 1 for m in events)
+        assert events[-1]["data"]["sources_done"] == 1
+        assert events[-1]["data"]["passages"] >= 1
+        assert events[-1]["data"]["current"] == "https://intranet.test/support"
         report = reply["result"]
         assert report["status"] == "added" and report["added"] == report["total"] >= 1
         assert report["summary"] == f"{report['added']} added"

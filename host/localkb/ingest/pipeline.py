@@ -1,27 +1,48 @@
 """Honest, idempotent ingestion: extract, chunk, embed, write, and report real rows.
 
-A source is written in one catalogue transaction, so a crash leaves either all
-of it or none of it. Re-adding a source upserts the same deterministic chunk
-ids, reuses vectors of passages whose text did not change, deletes chunks past
-the new end, and skips the source entirely when its content hash is unchanged.
-Every report is counted from the rows that are in the catalogue after the
-write, never from what was intended.
+One job (an add of files, folders and URLs, a sync, a page from the extension) runs as
+two threads joined by a bounded queue:
+
+- the *reader* walks the job's items in order. For each source it takes the source's
+  lock (one job at a time works on a source, across processes), recognises an unchanged
+  file from its size and mtime or, failing that, the sha256 of its bytes, without
+  extracting it; otherwise it extracts and chunks the source *as a stream* (a text file
+  by segments, a PDF by pages) and hands the passages on, each marked with whether its
+  stored vector can be kept;
+- the *writer* (the calling thread) embeds what needs embedding in length-sorted model
+  batches and writes. Small sources are written together, one catalogue transaction per
+  batch of about ``BATCH_TOKENS`` model tokens, each source whole in one of them. A
+  source bigger than a batch is staged (``staging.py``): embedded and committed batch by
+  batch out of sight, then switched in with one transaction, so an interrupt keeps the
+  old version or the new one whole and the next add resumes from the staged batches.
+
+So the model never waits for text: while it embeds one batch, the reader prepares the
+next. Memory stays bounded whatever the input: the queue, one batch, and a big source's
+per-passage hashes.
+
+Re-adding a source upserts the same deterministic chunk ids, keeps the vectors of passages
+whose text did not change (or copies them from an identical passage elsewhere in the
+knowledge base, which makes a renamed file cost no embedding), and deletes chunks past
+the new end. Every report is counted from the rows in the catalogue after the write.
+Ctrl-C (or a ``cancel``) stops at the next safe point: what is written stays, what is
+staged waits for the next run, and the report says which sources were kept.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
-import os
+import queue
 import sqlite3
+import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from localkb.errors import (
+    AmbiguousReference,
     Cancelled,
     EmbeddingUnavailable,
     FetchFailed,
@@ -30,29 +51,62 @@ from localkb.errors import (
     LocalKBError,
     NothingWritten,
     SourceNotFound,
+    SourceTooLarge,
 )
-from localkb.ingest.chunk import Chunk, chunk_document, passage_text
-from localkb.ingest.extract import SUPPORTED_SUFFIXES, Document, extract_bytes, extract_html, extract_text
+from localkb.ingest import staging
+from localkb.ingest.chunk import Chunk, iter_chunks, passage_text
+from localkb.ingest.extract import (
+    TEXT_SEGMENT_CHARS,
+    Document,
+    extract_bytes,
+    extract_html,
+    extract_text,
+    open_file,
+)
+from localkb.ingest.files import (
+    DEFAULT_EXCLUDES,
+    Fingerprint,
+    hash_file,
+    too_large_reason,
+    walk_folder,
+)
+from localkb.ingest.progress import JobProgress
+from localkb.locks import StripedLocks
 from localkb.store.catalog import chunk_id, source_id, valid_vector, vector_blob, vector_key
 from localkb.store.kb import Change, KnowledgeBase
 
 CHUNKER_VERSION = "1"
-EMBED_GROUP = 64
 CAPTURED_BY = ("cli", "folder", "url", "context-menu", "side-panel", "toolbar", "import", "chat",
-               "api")
-DEFAULT_EXCLUDES = (".*", "node_modules", "__pycache__", "*.pyc", ".git")
+               "api", "sync")
 FETCH_TYPES = ("text/html", "application/xhtml+xml", "text/plain", "text/markdown", "application/pdf")
+__all__ = ["DEFAULT_EXCLUDES", "add_capture", "add_document", "add_paths", "ingest_documents",
+           "list_sources", "remove_source"]
+
+#: Model tokens per write batch: about 680 passages of 96 tokens. Sized in tokens, not
+#: passages, so that the per-commit cost (one SQLite transaction, one Whoosh segment)
+#: stays small against the embedding time whatever the passage size. A source with more
+#: passages than fit in one batch is staged (see the module docstring).
+BATCH_TOKENS = 65_536
+#: Tokens gathered before the writer embeds them ahead of the batch's write (a few model
+#: batches): the model starts while the reader is still reading the batch's later sources.
+EMBED_STEP = 8_192
+#: How far the reader may run ahead of the writer, in model tokens of passages (a message
+#: is one section's passages: a page, a text segment of ``TEXT_SEGMENT_CHARS``, a small
+#: file). Four embedding steps: while the model embeds one, the next ones are being read,
+#: however small the sources are. One message always fits, whatever its size.
+QUEUE_TOKENS = 4 * 8_192
 
 Progress = Callable[[dict], None]
 CancelCheck = Callable[[], None]
 
 
+# == reports ===============================================================================
 @dataclass
 class SourceReport:
-    """What one source's write really stored."""
+    """What one source's write really stored (or why nothing was)."""
 
     name: str
-    status: str  # added | updated | unchanged | partial | failed
+    status: str  # added | updated | unchanged | partial | failed | skipped
     source_id: str | None = None
     title: str | None = None
     url: str | None = None
@@ -64,9 +118,17 @@ class SourceReport:
     total: int = 0
     failures: list[dict] = field(default_factory=list)
     error: dict | None = None
+    #: Why a file was skipped (``unsupported type: image/png``, ``empty``, ``too large: ...``).
+    reason: str | None = None
+    #: Passages whose vectors came from an earlier, interrupted run's staged batches.
+    resumed: int = 0
+    #: Passages whose vectors were copied from an identical passage already stored.
+    reused: int = 0
 
     @property
     def summary(self) -> str:
+        if self.status == "skipped":
+            return f"skipped: {self.reason}"
         if self.error:
             return f"not saved: {self.error['message']}"
         if self.status == "unchanged":
@@ -79,6 +141,8 @@ class SourceReport:
                 parts.append(f"{getattr(self, label)} {label}")
         if self.unchanged and (self.added or self.updated):
             parts.append(f"{self.unchanged} unchanged")
+        if self.resumed:
+            parts.append(f"{self.resumed} from the interrupted run")
         return " · ".join(parts) or "unchanged"
 
     def to_dict(self) -> dict:
@@ -87,225 +151,935 @@ class SourceReport:
         return out
 
 
+SOURCE_STATUSES = ("added", "updated", "unchanged", "partial", "skipped", "failed")
+
+
 @dataclass
 class IngestReport:
-    """The reports of every source in one add."""
+    """The reports of every source of one job, and how the job ended."""
 
     sources: list[SourceReport] = field(default_factory=list)
+    #: Stopped early (Ctrl-C, ``cancel``): ``pending`` names what was not reached.
+    interrupted: bool = False
+    pending: list[str] = field(default_factory=list)
+    #: Sources with staged batches left for the next run (name -> passages staged).
+    staged: dict[str, int] = field(default_factory=dict)
+    excluded: int = 0
+    elapsed_s: float = 0.0
+    tokens: int = 0  # embedded by this job
+    passages: int = 0  # embedded by this job
+    #: Seconds the writer spent waiting for text, in the model, and writing.
+    timings: dict = field(default_factory=dict)
 
     def totals(self) -> dict:
         keys = ("added", "updated", "unchanged", "removed", "failed", "total")
         out = {k: sum(getattr(s, k) for s in self.sources) for k in keys}
         out["sources"] = len(self.sources)
-        out["sources_failed"] = sum(1 for s in self.sources if s.status == "failed")
+        by = {st: sum(1 for s in self.sources if s.status == st) for st in SOURCE_STATUSES}
+        out["sources_failed"] = by["failed"]
+        out["skipped"] = by["skipped"]
+        out["by_status"] = by
+        out["files_seen"] = len(self.sources) + len(self.pending)
+        out["pending"] = len(self.pending)
         return out
 
     def to_dict(self) -> dict:
-        return {"sources": [s.to_dict() for s in self.sources], "totals": self.totals()}
+        return {"sources": [s.to_dict() for s in self.sources], "totals": self.totals(),
+                "interrupted": self.interrupted, "pending": self.pending, "staged": self.staged,
+                "excluded": self.excluded, "elapsed_s": round(self.elapsed_s, 2),
+                "tokens": self.tokens, "passages": self.passages, "timings": self.timings,
+                "summary": self.summary}
+
+    @property
+    def summary(self) -> str:
+        """The final line: counts of sources by outcome, passages, time and rate."""
+        t = self.totals()
+        by = t["by_status"]
+        seen = t["files_seen"]
+        parts = [f"{by[st]} {st}" for st in SOURCE_STATUSES if by[st]]
+        if self.pending:
+            parts.append(f"{len(self.pending)} not reached")
+        line = f"{plural(seen, 'source')}: " + (" · ".join(parts) or "nothing to do")
+        rate = f", {self.tokens / self.elapsed_s:,.0f} tokens/s" if self.tokens and self.elapsed_s else ""
+        line += (f" — {plural(self.passages, 'passage')} embedded in {clock(self.elapsed_s)}{rate}")
+        return line
+
+    @property
+    def kept_line(self) -> str | None:
+        """After an interrupt: what was kept and how to finish."""
+        if not self.interrupted:
+            return None
+        t = self.totals()
+        kept = t["files_seen"] - t["pending"]
+        line = f"interrupted: kept {kept} of {plural(t['files_seen'], 'source')}"
+        if self.staged:
+            n = sum(self.staged.values())
+            line += (f"; {plural(len(self.staged), 'big source')} staged with {plural(n, 'passage')} "
+                     "(the next run continues from there)")
+        return line + "; run the same command to finish"
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    return f"{n:,} {word if n == 1 else (many or word + 's')}"
+
+
+def clock(seconds: float) -> str:
+    seconds = round(seconds)
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02}:{s:02}" if h else f"{m}:{s:02}"
 
 
 def content_hash(doc: Document, chunks: list[Chunk], model: str) -> str:
-    h = hashlib.sha256(f"{CHUNKER_VERSION}\x1f{model}\x1f{doc.title}\x1f{doc.url or ''}".encode())
+    h = _digest_start(doc, model)
     for c in chunks:
-        h.update(f"\x1e{c.page}\x1f{c.text}".encode())
+        _digest_add(h, c)
     return h.hexdigest()
+
+
+def _digest_start(doc: Document, model: str):
+    return hashlib.sha256(f"{CHUNKER_VERSION}\x1f{model}\x1f{doc.title}\x1f{doc.url or ''}".encode())
+
+
+def _digest_add(h, c: Chunk) -> None:
+    h.update(f"\x1e{c.page}\x1f{c.text}".encode())
 
 
 def _text_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def _emit(progress: Progress | None, **event: object) -> None:
-    if progress is not None:
-        progress(event)
+# == the items of a job ======================================================================
+@dataclass
+class _Item:
+    """One source to ingest, as the reader will meet it."""
+
+    name: str  # what reports and errors call it (a path, a URL, a document id)
+    display: str  # what progress shows
+    captured_by: str
+    path: Path | None = None  # a file
+    size: int = 0
+    load: Callable[[], tuple[Document, str]] | None = None  # a URL, a capture, a document
+    skip: str | None = None  # decided while walking: skipped with this reason
+    counted: int = 0  # bytes of it reported to the progress as read so far
 
 
 @dataclass
-class _Prepared:
-    """A document chunked and compared with what is stored, waiting for vectors."""
+class _Source:
+    """A source on its way through the job: what is stored, what the new version holds."""
 
-    doc: Document
-    name: str
+    item: _Item
     sid: str
     key: str
-    captured_by: str
-    digest: str
-    chunks: list[Chunk]
-    texts: list[str]
-    hashes: list[str]
-    cids: list[str]
-    need: list[int]
-    vectors: dict[int, np.ndarray] = field(default_factory=dict)
+    doc: Document
+    lock_key: str
+    before: dict[int, tuple[str, str, bool]]  # idx -> (chunk id, text hash, valid vector) stored now
+    digest: object
+    fingerprint: Fingerprint | None = None
+    hashes: list[str] = field(default_factory=list)  # text hash of every passage, by idx
+    chunks: list[Chunk] = field(default_factory=list)  # every passage (small sources only)
+    pending: list[tuple[Chunk, str]] = field(default_factory=list)  # (passage, text) to embed
+    vectors: dict[int, np.ndarray] = field(default_factory=dict)  # small sources: new vectors
     failures: dict[int, str] = field(default_factory=dict)
-    before: dict[str, tuple[str, bool]] = field(default_factory=dict)
+    staged: bool = False
+    staged_before: dict[int, str] = field(default_factory=dict)  # idx -> hash staged by a run before
+    resumed: int = 0
+    reused: int = 0
+    tokens: int = 0  # all passages
+    pending_tokens: int = 0  # waiting for the model now
+    need_tokens: int = 0  # all that needed vectors (small sources: the batch size it adds)
+
+    @property
+    def name(self) -> str:
+        return self.item.name
 
 
-def _prepare(kb: KnowledgeBase, doc: Document, key: str, captured_by: str,
-             progress: Progress | None) -> _Prepared | SourceReport:
-    """Chunk and hash ``doc``; an unchanged source returns its (real-row) report at once."""
-    if captured_by not in CAPTURED_BY:
-        raise InvalidInput(f"captured_by must be one of {', '.join(CAPTURED_BY)}")
-    name = doc.url or doc.file_name or doc.title
-    settings = kb.store.settings
-    chunks = chunk_document(doc, kb.embedder.count_tokens, max_tokens=settings.max_chunk_tokens,
-                            overlap=settings.chunk_overlap_tokens)
-    _emit(progress, stage="chunk", done=len(chunks), total=len(chunks), source=name)
-    if not chunks:
-        raise InvalidDocument(f"{name}: no passages could be made from the text")
-    sid = source_id(kb.id, key)
-    digest = content_hash(doc, chunks, kb.record.model)
-    texts = [passage_text(doc.title, c.text) for c in chunks]
-    hashes = [_text_hash(t) for t in texts]
-    cids = [chunk_id(kb.id, sid, c.index) for c in chunks]
-    existing = _existing_chunks(kb, sid)
-    src = kb.catalog.db.execute("SELECT content_hash, chunk_count FROM sources WHERE id = ?",
-                                (sid,)).fetchone()
-    valid_now = sum(1 for _h, ok in existing.values() if ok)
-    if src and src["content_hash"] == digest and src["chunk_count"] == len(chunks) == valid_now:
-        return SourceReport(name=name, status="unchanged", source_id=sid, title=doc.title,
-                            url=doc.url, unchanged=valid_now, total=len(chunks))
-    # Embed only passages whose text changed; the others keep their stored vectors.
-    need = [i for i, cid in enumerate(cids)
-            if not (cid in existing and existing[cid] == (hashes[i], True))]
-    return _Prepared(doc, name, sid, key, captured_by, digest, chunks, texts, hashes, cids, need)
+# == the reader ==============================================================================
+class _Reader(threading.Thread):
+    """Walks the items, skips what is unchanged, streams the rest's passages into ``out``."""
 
+    def __init__(self, job: _Job, items: list[_Item]) -> None:
+        super().__init__(name="localkb-ingest-reader", daemon=True)
+        self.job = job
+        self.items = items
+        self.out = _TokenQueue(QUEUE_TOKENS)
+        self.stop = threading.Event()
+        self.started_items = 0
 
-def _embed(kb: KnowledgeBase, batch: list[_Prepared], progress: Progress | None,
-           check_cancelled: CancelCheck | None) -> None:
-    """Embed every needed passage of the batch together, in length-sorted model batches.
+    def put(self, msg: tuple) -> None:
+        tokens = sum(c.tokens for c, *_rest in msg[2]) if msg[0] == "chunks" else 0
+        if not self.out.put(msg, tokens, self.stop):
+            raise _Stopped
 
-    If the model cannot load, every source fails with that reason. If a batch
-    fails, its passages are retried one by one so only the bad ones fail.
-    """
-    wanted = [(p, i) for p in batch for i in p.need]
-    if not wanted:
-        return
-    kb.embedder.load()
-    names = ", ".join(p.name for p in batch[:3]) + (" ..." if len(batch) > 3 else "")
-
-    def tick(done: int, total: int) -> None:
-        if check_cancelled:
-            check_cancelled()
-        _emit(progress, stage="embed", done=done, total=total, source=names)
-
-    try:
-        out = kb.embedder.embed([p.texts[i] for p, i in wanted], progress=tick)
-        for (p, i), vec in zip(wanted, out, strict=True):
-            p.vectors[i] = vec
-        return
-    except EmbeddingUnavailable:
-        pass
-    for n, (p, i) in enumerate(wanted):
-        if check_cancelled:
-            check_cancelled()
+    def run(self) -> None:
         try:
-            p.vectors[i] = kb.embedder.embed([p.texts[i]])[0]
-        except EmbeddingUnavailable as err:
-            p.failures[i] = str(err)
-        _emit(progress, stage="embed", done=n + 1, total=len(wanted), source=names)
-
-
-def _write(kb: KnowledgeBase, batch: list[_Prepared], progress: Progress | None) -> None:
-    """One transaction for the whole batch: each source lands whole or not at all."""
-    now = time.time()
-    total = sum(len(p.chunks) for p in batch)
-    _emit(progress, stage="write", done=0, total=total, source=batch[0].name)
-
-    def mutate(db: sqlite3.Connection) -> Change:
-        change = Change()
-        for p in batch:
-            p.before = _existing_chunks(kb, p.sid, db)
-            row = db.execute("SELECT added_at FROM sources WHERE id = ?", (p.sid,)).fetchone()
-            db.execute(
-                "INSERT INTO sources (id, kb_id, key, type, title, url, file_name, content_hash, "
-                "captured_by, chunk_count, pages, lang, added_at, updated_at) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET "
-                "type=excluded.type, title=excluded.title, url=excluded.url, "
-                "file_name=excluded.file_name, content_hash=excluded.content_hash, "
-                "captured_by=excluded.captured_by, chunk_count=excluded.chunk_count, "
-                "pages=excluded.pages, lang=excluded.lang, updated_at=excluded.updated_at",
-                (p.sid, kb.id, p.key, p.doc.type, p.doc.title, p.doc.url, p.doc.file_name, p.digest,
-                 p.captured_by, len(p.chunks), p.doc.pages, p.doc.lang,
-                 row["added_at"] if row else now, now))
-            keep: set[str] = set()
-            for i, c in enumerate(p.chunks):
-                if i in p.failures:
+            deferred: list[_Item] = []
+            for item in self.items:
+                if self.stop.is_set():
+                    raise _Stopped
+                if not self.job.try_lock_item(item):
+                    deferred.append(item)
                     continue
-                cid = p.cids[i]
-                keep.add(cid)
-                if i in p.vectors:
-                    db.execute(
-                        "INSERT INTO chunks (id, vkey, kb_id, source_id, idx, text, text_hash, page, "
-                        "tokens, vector, indexed_by, indexed_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?) "
-                        "ON CONFLICT(id) DO UPDATE SET text=excluded.text, "
-                        "text_hash=excluded.text_hash, page=excluded.page, tokens=excluded.tokens, "
-                        "vector=excluded.vector, indexed_by=excluded.indexed_by, "
-                        "indexed_at=excluded.indexed_at",
-                        (cid, vector_key(cid), kb.id, p.sid, c.index, c.text, p.hashes[i], c.page,
-                         c.tokens, vector_blob(p.vectors[i]), p.captured_by, now))
+                self._one(item)
+            for item in deferred:
+                # Another job holds this source: wait for it holding nothing else (no deadlock),
+                # then it is usually unchanged.
+                done = threading.Event()
+                self.put(("barrier", done))
+                while not done.wait(0.1):
+                    if self.stop.is_set():
+                        raise _Stopped
+                self.job.progress.emit("extract", self.started_items, len(self.items),
+                                       current=f"waiting for another add of {item.display}", force=True)
+                while not self.job.try_lock_item(item):
+                    if self.stop.wait(0.2):
+                        raise _Stopped
+                self._one(item)
+            self.put(("done",))
+        except _Stopped:
+            return
+        except BaseException as err:  # hand anything unexpected to the writer, which re-raises it
+            try:
+                self.put(("crash", err))
+            except _Stopped:
+                return
+
+    def _one(self, item: _Item) -> None:
+        job = self.job
+        self.started_items += 1
+        job.progress.emit("extract", self.started_items, len(self.items), current=item.display)
+        try:
+            src = job.open_source(item)
+        except _Stopped:
+            raise
+        except LocalKBError as err:
+            job.release_item(item)
+            self.put(("report", item, job.failed_report(item, err)))
+            return
+        if isinstance(src, SourceReport):
+            job.release_item(item)
+            self.put(("report", item, src))
+            return
+        self.put(("start", src))
+        try:
+            job.stream_source(src, self.put)
+        except _Stopped:
+            raise
+        except LocalKBError as err:
+            self.put(("fail", src, err))
+            return
+        self.put(("end", src))
+
+
+class _Stopped(Exception):
+    """The writer asked the reader to stop."""
+
+
+class _TokenQueue:
+    """A FIFO bounded by the model tokens it holds, and by 1,024 messages (one always fits)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._items: list[tuple[tuple, int]] = []
+        self._tokens = 0
+        self._cond = threading.Condition()
+
+    def put(self, msg: tuple, tokens: int, stop: threading.Event) -> bool:
+        """Wait for room; False if ``stop`` was set meanwhile."""
+        with self._cond:
+            while self._items and (self._tokens + tokens > self.limit or len(self._items) >= 1024):
+                if stop.is_set():
+                    return False
+                self._cond.wait(0.1)
+            if stop.is_set():
+                return False
+            self._items.append((msg, tokens))
+            self._tokens += tokens
+            self._cond.notify_all()
+            return True
+
+    def get(self, timeout: float) -> tuple:
+        """The oldest message; ``queue.Empty`` after ``timeout`` seconds without one."""
+        with self._cond:
+            if not self._items and not self._cond.wait_for(lambda: bool(self._items), timeout):
+                raise queue.Empty
+            msg, tokens = self._items.pop(0)
+            self._tokens -= tokens
+            self._cond.notify_all()
+            return msg
+
+
+# == the job =================================================================================
+class _Job:
+    """Everything one ingest run shares between its reader and its writer."""
+
+    def __init__(self, kb: KnowledgeBase, *, progress: Progress | None, check_cancelled: CancelCheck | None,
+                 batch_tokens: int, max_bytes: int) -> None:
+        staging.ensure_tables(kb.store)
+        self.kb = kb
+        self.settings = kb.store.settings
+        self.progress = JobProgress(progress)
+        self.check_cancelled = check_cancelled
+        self.batch_tokens = batch_tokens
+        self.max_bytes = max_bytes
+        self.locks = StripedLocks(kb.store.root / "locks" / "sources")
+        self.recipe = _recipe(kb)
+        self.report = IngestReport()
+        #: Where the writer's time went: waiting for the reader, in the model, in writes.
+        self.timings = {"wait_s": 0.0, "embed_s": 0.0, "write_s": 0.0}
+        self._done_items: set[int] = set()
+        self._item_keys: dict[int, str] = {}
+
+    # -- locks ---------------------------------------------------------------------------
+    def _lock_key(self, item: _Item) -> str | None:
+        if item.path is None or item.skip:
+            return None  # URLs and captures lock once their key is known (open_source)
+        return f"{self.kb.id}\x1f{_file_key(item.path)}"
+
+    def try_lock_item(self, item: _Item) -> bool:
+        key = self._lock_key(item)
+        if key is None:
+            return True
+        if self.locks.acquire(key):
+            self._item_keys[id(item)] = key
+            return True
+        return False
+
+    def release_item(self, item: _Item) -> None:
+        key = self._item_keys.pop(id(item), None)
+        if key is not None:
+            self.locks.release(key)
+
+    # -- reading (on the reader thread) --------------------------------------------------------
+    def failed_report(self, item: _Item, err: LocalKBError) -> SourceReport:
+        self.kb.catalog.log_error("ingest", err.code, f"{item.name}: {err}", kb_id=self.kb.id,
+                                  ref=item.name)
+        return SourceReport(name=item.name, status="failed", error={"code": err.code, "message": str(err)})
+
+    def skipped_report(self, item: _Item, reason: str) -> SourceReport:
+        _log_skip(self.kb, item.name, reason)
+        return SourceReport(name=item.name, status="skipped", reason=reason)
+
+    def open_source(self, item: _Item) -> _Source | SourceReport:
+        """The unchanged and skipped outcomes, decided without extracting; else the opened source."""
+        kb = self.kb
+        if item.skip:
+            return self.skipped_report(item, item.skip)
+        fingerprint = None
+        if item.path is not None:
+            path = item.path
+            try:
+                st = path.stat()
+            except OSError as err:
+                raise InvalidDocument(f"cannot read the file: {err.strerror}") from err
+            if st.st_size == 0:
+                return self.skipped_report(item, "empty")
+            if self.max_bytes and st.st_size > self.max_bytes:
+                raise SourceTooLarge(too_large_reason(st.st_size, self.max_bytes),
+                                     detail={"bytes": st.st_size, "cap": self.max_bytes})
+            key = _file_key(path)
+            sid = source_id(kb.id, key)
+            fingerprint = Fingerprint(st.st_size, st.st_mtime_ns)
+            stored = staging.stored_fingerprint(kb.catalog.db, sid)
+            if stored is not None and stored["recipe"] == self.recipe and \
+                    stored["stored"] == stored["chunk_count"] and stored["size"] == st.st_size:
+                same = stored["mtime_ns"] == st.st_mtime_ns
+                if not same:
+                    digest = _hash(path)
+                    fingerprint = Fingerprint(st.st_size, st.st_mtime_ns, digest)
+                    same = digest == stored["sha256"]
+                    if same:  # touched, not changed: remember the new mtime so next time is a stat
+                        with kb.store.lock.hold(), kb.catalog.tx() as db:
+                            staging.save_fingerprint(db, sid, kb.id, str(path), size=st.st_size,
+                                                     mtime_ns=st.st_mtime_ns, sha256=digest,
+                                                     recipe=self.recipe)
+                if same:
+                    return SourceReport(name=item.name, status="unchanged", source_id=sid,
+                                        title=stored["title"], url=stored["url"],
+                                        unchanged=stored["chunk_count"], total=stored["chunk_count"])
+            if fingerprint.sha256 is None:
+                fingerprint = Fingerprint(st.st_size, st.st_mtime_ns, _hash(path))
+            per_unit: dict[str, float] = {}
+            item.size = st.st_size
+
+            def on_read(n: int) -> None:
+                step = min(round(n * per_unit.get("f", 1.0)), max(0, item.size - item.counted))
+                item.counted += step
+                self.progress.chunked(step, 0, 0)
+
+            doc, unit = open_file(path, on_read=on_read)
+            if unit == "pages" and doc.page_count:
+                per_unit["f"] = st.st_size / doc.page_count
+            elif unit == "bytes":
+                per_unit["f"] = 1.0
+        else:
+            doc, key = item.load()
+            sid = source_id(kb.id, key)
+            lock_key = f"{kb.id}\x1f{key}"
+            while not self.locks.acquire(lock_key):
+                time.sleep(0.1)  # a capture or URL: one source, nothing else held
+            self._item_keys[id(item)] = lock_key
+        src = _Source(item=item, sid=sid, key=key, doc=doc, lock_key=self._item_keys.get(id(item), ""),
+                      before=_stored_chunks(kb, sid), digest=_digest_start(doc, kb.record.model),
+                      fingerprint=fingerprint)
+        src.staged_before = staging.staged_hashes(kb.catalog.db, sid, kb.record.model)
+        return src
+
+    def stream_source(self, src: _Source, put: Callable[[tuple], None]) -> None:
+        """Chunk the source section by section, marking each passage to keep or to embed."""
+        settings = self.settings
+        title = src.doc.title
+        for block in iter_chunks(src.doc, self.kb.embedder.count_tokens,
+                                 max_tokens=settings.max_chunk_tokens,
+                                 overlap=settings.chunk_overlap_tokens):
+            marked = []
+            to_embed = 0
+            for c in block:
+                text = passage_text(title, c.text)
+                h = _text_hash(text)
+                _digest_add(src.digest, c)
+                stored = src.before.get(c.index)
+                keep = stored is not None and stored[1] == h and stored[2]
+                marked.append((c, text, h, keep))
+                if not keep:
+                    to_embed += c.tokens
+            self.progress.chunked(0, to_embed, sum(c.tokens for c in block))
+            made = block[-1].index + 1 if block else len(src.before)
+            self.progress.emit("chunk", made, made)
+            put(("chunks", src, marked))
+        item = src.item
+        if item.path is not None:  # square the bytes up: the estimate is exact for this source now
+            self.progress.chunked(max(0, item.size - item.counted), 0, 0)
+            item.counted = item.size
+
+    # -- writing (on the calling thread) -------------------------------------------------------
+    def cancelled(self) -> None:
+        if self.check_cancelled:
+            self.check_cancelled()
+
+
+def _hash(path: Path) -> str:
+    try:
+        return hash_file(path)
+    except OSError as err:
+        raise InvalidDocument(f"cannot read the file: {err.strerror}") from err
+
+
+def _file_key(path: Path) -> str:
+    return "file:" + str(path.resolve())
+
+
+def _log_skip(kb: KnowledgeBase, ref: str, reason: str) -> None:
+    """Log a skipped file once: the same reason for the same file is not logged again."""
+    last = kb.catalog.db.execute(
+        "SELECT message FROM errors WHERE kb_id = ? AND ref = ? AND code = 'skipped' "
+        "ORDER BY id DESC LIMIT 1",
+        (kb.id, ref)).fetchone()
+    message = f"{ref}: skipped: {reason}"
+    if last is None or last[0] != message:
+        kb.catalog.log_error("ingest", "skipped", message, kb_id=kb.id, ref=ref)
+
+
+def _stored_chunks(kb: KnowledgeBase, sid: str,
+                   db: sqlite3.Connection | None = None) -> dict[int, tuple[str, str, bool]]:
+    db = db or kb.catalog.db
+    return {r[0]: (r[1], r[2], valid_vector(r[3], kb.record.dim))
+            for r in db.execute("SELECT idx, id, text_hash, vector FROM chunks WHERE source_id = ?", (sid,))}
+
+
+# == the writer ==============================================================================
+class _Writer:
+    """Takes the reader's messages: embeds in batches, writes small sources together, stages big ones."""
+
+    def __init__(self, job: _Job) -> None:
+        self.job = job
+        self.kb = job.kb
+        self.ready: list[_Source] = []  # complete small sources waiting for their batch
+        self.open: _Source | None = None
+        self.dead: set[int] = set()  # big sources that failed half-way: their last messages are dropped
+        self.embed_broken = False
+
+    def _small(self) -> list[_Source]:
+        """The small sources of the batch being gathered: the complete ones and the open one."""
+        out = list(self.ready)
+        if self.open is not None and not self.open.staged:
+            out.append(self.open)
+        return out
+
+    def pending_tokens(self) -> int:
+        """Tokens of the gathered batch still waiting for the model."""
+        return sum(s.pending_tokens for s in self._small())
+
+    def batch_tokens(self) -> int:
+        """Tokens of the gathered batch that need vectors (embedded ahead or not): its size."""
+        return sum(s.need_tokens for s in self._small())
+
+    def embed_ahead(self) -> None:
+        """Embed what the batch has so far once it is worth a few model batches, so the model
+        works while the reader reads; the batch is still written in one transaction later."""
+        if self.embed_broken or self.pending_tokens() < EMBED_STEP:
+            return
+        sources = self._small()
+        try:
+            vectors = self.embed(sources)
+        except Cancelled:
+            raise
+        except LocalKBError:
+            self.embed_broken = True  # the flush meets the same error and reports it per source
+            return
+        for src in sources:
+            src.vectors.update(vectors[id(src)])
+
+    def take(self, msg: tuple) -> None:
+        """Handle one message; a store or model failure of one big source fails that source only."""
+        src = msg[1] if msg[0] in ("start", "chunks", "end", "fail") else None
+        if src is not None and id(src) in self.dead:
+            if msg[0] in ("end", "fail"):
+                self.dead.discard(id(src))
+            return
+        try:
+            self._take(msg)
+        except Cancelled:
+            raise
+        except LocalKBError as err:
+            if src is None or not src.staged:
+                raise
+            self.open = None
+            self.dead.add(id(src))
+            self.job.progress.discount(src.pending_tokens)
+            self.finish(src.item, self.job.failed_report(src.item, err), src)
+
+    def _take(self, msg: tuple) -> None:
+        kind = msg[0]
+        job = self.job
+        if kind == "report":
+            self.finish(msg[1], msg[2])
+        elif kind == "start":
+            self.open = msg[1]
+            job.progress.current = msg[1].item.display
+        elif kind == "chunks":
+            self.add_chunks(msg[1], msg[2])
+        elif kind == "end":
+            src = msg[1]
+            self.open = None
+            if not src.hashes:
+                err = InvalidDocument("no passages could be made from the text")
+                self.take(("fail", src, err))
+            elif src.staged:
+                self.stage(src, final=True)
+                self.finish(src.item, self.switch(src), src)
+            else:
+                self.ready.append(src)
+                if self.batch_tokens() >= job.batch_tokens:
+                    self.flush()
+                else:
+                    self.embed_ahead()
+        elif kind == "fail":
+            src, err = msg[1], msg[2]
+            self.open = None
+            if src.staged:  # a source that breaks half-way is not resumed: drop what it staged
+                with self.kb.catalog.tx() as db:
+                    staging.unstage(db, src.sid)
+            job.progress.discount(src.pending_tokens)
+            self.finish(src.item, job.failed_report(src.item, err), src)
+        elif kind == "barrier":
+            self.flush()
+            msg[1].set()
+        elif kind == "crash":
+            raise msg[1]
+
+    def add_chunks(self, src: _Source, marked: list) -> None:
+        job = self.job
+        for c, text, h, keep in marked:
+            src.hashes.append(h)
+            src.tokens += c.tokens
+            if not src.staged:
+                src.chunks.append(c)
+            if keep:
+                if c.index in src.staged_before:  # stored text is current: a stale staged row must go
+                    src.staged_before.pop(c.index)
+                    with self.kb.catalog.tx() as db:
+                        staging.unstage(db, src.sid, [c.index])
+                continue
+            if src.staged_before.get(c.index) == h:
+                src.resumed += 1
+                job.progress.discount(c.tokens)
+                continue
+            src.pending.append((c, text))
+            src.pending_tokens += c.tokens
+            src.need_tokens += c.tokens
+        if src.staged:
+            if src.pending_tokens >= job.batch_tokens:
+                self.stage(src)
+        elif src.tokens >= job.batch_tokens or src.need_tokens >= job.batch_tokens or src.resumed:
+            # Too big for one batch (or already half staged by a run before): stage it.
+            self.open = None
+            self.flush()
+            self.open = src
+            src.staged = True
+            if src.vectors:  # embedded ahead while it still looked small
+                self._stage_vectors(src, src.vectors, {c.index: c for c in src.chunks}, src.vectors)
+                src.vectors = {}
+            src.chunks = []
+            if src.pending_tokens >= job.batch_tokens:
+                self.stage(src)
+        elif self.batch_tokens() >= job.batch_tokens:
+            self.flush()
+        else:
+            self.embed_ahead()
+
+    # -- embedding ------------------------------------------------------------------------
+    def embed(self, sources: list[_Source]) -> dict[int, dict[int, np.ndarray]]:
+        """Vectors for every pending passage of ``sources``: copied where an identical passage is
+        stored, else from the model. Failures are recorded on the source; pending is emptied."""
+        job = self.job
+        kb = self.kb
+        wanted = [(s, c, text) for s in sources for c, text in s.pending]
+        out: dict[int, dict[int, np.ndarray]] = {id(s): {} for s in sources}
+        if not wanted:
+            return out
+        copies = _vectors_by_hash(kb, [_text_hash(t) for _s, _c, t in wanted])
+        todo = [(s, c, text) for s, c, text in wanted if _text_hash(text) not in copies]
+        if todo:
+            kb.embedder.load()  # a model that cannot load raises here, before anything is taken
+        for s in sources:
+            s.pending, s.pending_tokens = [], 0
+        for s, c, text in wanted:
+            vec = copies.get(_text_hash(text))
+            if vec is not None:
+                out[id(s)][c.index] = vec
+                s.reused += 1
+                job.progress.discount(c.tokens)
+        if not todo:
+            return out
+        total_tokens = sum(c.tokens for _s, c, _t in todo)
+        seen = [0, 0]
+
+        def tick(done: int, total: int) -> None:
+            job.cancelled()
+            tokens = round(total_tokens * done / total)
+            job.progress.embedded(done - seen[0], tokens - seen[1])
+            seen[0], seen[1] = done, tokens
+            job.progress.emit("embed", done, total)
+
+        try:
+            t0 = time.perf_counter()
+            vecs = kb.embedder.embed([t for _s, _c, t in todo], progress=tick)
+            job.timings["embed_s"] += time.perf_counter() - t0
+            for (s, c, _t), vec in zip(todo, vecs, strict=True):
+                out[id(s)][c.index] = vec
+            return out
+        except EmbeddingUnavailable:
+            pass
+        # One by one, so only the passages that really fail do (a batch's NaN, say).
+        job.progress.embedded(-seen[0], -seen[1])
+        for n, (s, c, text) in enumerate(todo):
+            job.cancelled()
+            try:
+                out[id(s)][c.index] = kb.embedder.embed([text])[0]
+                job.progress.embedded(1, c.tokens)
+            except EmbeddingUnavailable as err:
+                s.failures[c.index] = str(err)
+                job.progress.discount(c.tokens)
+            job.progress.emit("embed", n + 1, len(todo))
+        return out
+
+    # -- small sources: one transaction per batch ---------------------------------------------
+    def flush(self) -> None:
+        if not self.ready:
+            return
+        batch, self.ready = self.ready, []
+        try:
+            vectors = self.embed(batch)
+            for s in batch:
+                s.vectors.update(vectors[id(s)])
+            self.job.cancelled()
+            writable = [s for s in batch if len(s.failures) < len(s.chunks) and not _unchanged(self.kb, s)]
+            if writable:
+                self.write(writable)
+            for s in batch:
+                self.finish(s.item, _count(self.kb, s), s)
+        except LocalKBError as err:
+            if isinstance(err, Cancelled):
+                raise
+            for s in batch:
+                self.finish(s.item, self.job.failed_report(s.item, err), s)
+
+    def write(self, batch: list[_Source]) -> None:
+        """One transaction for the whole batch: each source lands whole or not at all."""
+        kb = self.kb
+        now = time.time()
+        total = sum(len(s.chunks) for s in batch)
+        self.job.progress.emit("write", 0, total, force=True)
+
+        def mutate(db: sqlite3.Connection) -> Change:
+            change = Change()
+            for s in batch:
+                s.before = _stored_chunks(kb, s.sid, db)
+                _upsert_source(db, kb, s, now)
+                rows = []
+                for c in s.chunks:
+                    vec = s.vectors.get(c.index)
+                    if vec is None:
+                        continue
+                    cid = chunk_id(kb.id, s.sid, c.index)
+                    rows.append((cid, vector_key(cid), kb.id, s.sid, c.index, c.text, s.hashes[c.index],
+                                 c.page, c.tokens, vector_blob(vec), s.item.captured_by, now))
                     change.upserted.append((cid, vector_key(cid)))
-            stale = [cid for cid in p.before if cid not in keep]
-            db.executemany("DELETE FROM chunks WHERE id = ?", [(cid,) for cid in stale])
-            change.deleted.extend((cid, vector_key(cid)) for cid in stale)
-        return change
+                db.executemany(_UPSERT_CHUNK, rows)
+                change.deleted.extend(_delete_stale(db, s, len(s.chunks)))
+            return change
 
-    kb.write(mutate)
-    _emit(progress, stage="write", done=total, total=total, source=batch[-1].name)
+        t0 = time.perf_counter()
+        kb.write(mutate)
+        self.job.timings["write_s"] += time.perf_counter() - t0
+        self.job.progress.emit("write", total, total, force=True)
+
+    # -- big sources: staged batches, then one switch ----------------------------------------
+    def stage(self, src: _Source, *, final: bool = False) -> None:
+        """Embed the big source's pending passages a batch at a time, committing each batch to
+        the staging table; with ``final`` also the last, shorter batch."""
+        limit = self.job.batch_tokens
+        while src.pending and (final or src.pending_tokens >= limit):
+            take, tokens = 0, 0
+            while take < len(src.pending) and (take == 0 or tokens + src.pending[take][0].tokens <= limit):
+                tokens += src.pending[take][0].tokens
+                take += 1
+            rest, rest_tokens = src.pending[take:], src.pending_tokens - tokens
+            src.pending, src.pending_tokens = src.pending[:take], tokens
+            self._stage_batch(src)
+            src.pending, src.pending_tokens = rest, rest_tokens
+
+    def _stage_batch(self, src: _Source) -> None:
+        chunks = {c.index: c for c, _t in src.pending}
+        vectors = self.embed([src])[id(src)]
+        self.job.cancelled()
+        self._stage_vectors(src, vectors, chunks, chunks)
+
+    def _stage_vectors(self, src: _Source, vectors: dict, chunks: dict, tried: Iterable[int]) -> None:
+        """Commit these vectors of a big source to staging; ``tried`` ones without a vector failed."""
+        kb = self.kb
+        rows = []
+        for idx, vec in sorted(vectors.items()):
+            c = chunks[idx]
+            cid = chunk_id(kb.id, src.sid, idx)
+            rows.append((kb.id, src.sid, idx, cid, vector_key(cid), kb.record.model, c.text,
+                         src.hashes[idx], c.page, c.tokens, vector_blob(vec)))
+        stale = [i for i in tried if i not in vectors and i in src.staged_before]
+        if stale:  # failed now: an older staged text at that place must not be switched in
+            with kb.catalog.tx() as db:
+                staging.unstage(db, src.sid, stale)
+            for i in stale:
+                src.staged_before.pop(i)
+        if rows:
+            staging.stage_rows(kb.catalog, rows)
+            for idx in vectors:
+                src.staged_before[idx] = src.hashes[idx]
+        self.job.progress.emit("write", len(src.staged_before), len(src.hashes), force=True)
+
+    def switch(self, src: _Source) -> SourceReport:
+        """The one transaction that makes a staged source's new version visible."""
+        kb = self.kb
+        n = len(src.hashes)
+        if len(src.failures) == n:
+            with kb.catalog.tx() as db:
+                staging.unstage(db, src.sid)
+            return _count(kb, src)
+        self.job.cancelled()
+        now = time.time()
+        self.job.progress.emit("write", 0, n, force=True)
+
+        def mutate(db: sqlite3.Connection) -> Change:
+            src.before = _stored_chunks(kb, src.sid, db)
+            _upsert_source(db, kb, src, now, chunk_count=n)
+            change = Change()
+            change.upserted.extend(staging.move_staged(db, src.sid, n, src.item.captured_by))
+            change.deleted.extend(_delete_stale(db, src, n))
+            return change
+
+        t0 = time.perf_counter()
+        kb.write(mutate)
+        self.job.timings["write_s"] += time.perf_counter() - t0
+        self.job.progress.emit("write", n, n, force=True)
+        return _count(kb, src)
+
+    # -- outcomes ----------------------------------------------------------------------------
+    def finish(self, item: _Item, rep: SourceReport, src: _Source | None = None) -> None:
+        job = self.job
+        rep.name = item.name
+        if src is not None:
+            rep.resumed, rep.reused = src.resumed, src.reused
+        job.report.sources.append(rep)
+        job._done_items.add(id(item))
+        job.release_item(item)
+        job.progress.source_done(unread_bytes=max(0, item.size - item.counted))
+        job.progress.emit("write" if src else "extract", job.progress.sources_done,
+                          job.progress.sources_total, current=item.display, force=src is not None)
 
 
-def _report(kb: KnowledgeBase, p: _Prepared) -> SourceReport:
+_UPSERT_CHUNK = (
+    "INSERT INTO chunks (id, vkey, kb_id, source_id, idx, text, text_hash, page, tokens, vector, "
+    "indexed_by, indexed_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET "
+    "text=excluded.text, text_hash=excluded.text_hash, page=excluded.page, tokens=excluded.tokens, "
+    "vector=excluded.vector, indexed_by=excluded.indexed_by, indexed_at=excluded.indexed_at")
+
+
+def _upsert_source(db: sqlite3.Connection, kb: KnowledgeBase, s: _Source, now: float, *,
+                   chunk_count: int | None = None) -> None:
+    row = db.execute("SELECT added_at FROM sources WHERE id = ?", (s.sid,)).fetchone()
+    doc = s.doc
+    db.execute(
+        "INSERT INTO sources (id, kb_id, key, type, title, url, file_name, content_hash, "
+        "captured_by, chunk_count, pages, lang, added_at, updated_at) "
+        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET "
+        "type=excluded.type, title=excluded.title, url=excluded.url, "
+        "file_name=excluded.file_name, content_hash=excluded.content_hash, "
+        "captured_by=excluded.captured_by, chunk_count=excluded.chunk_count, "
+        "pages=excluded.pages, lang=excluded.lang, updated_at=excluded.updated_at",
+        (s.sid, kb.id, s.key, doc.type, doc.title, doc.url, doc.file_name, s.digest.hexdigest(),
+         s.item.captured_by, len(s.hashes) if chunk_count is None else chunk_count, doc.pages, doc.lang,
+         row["added_at"] if row else now, now))
+    fp = s.fingerprint
+    if fp is not None and fp.sha256 and s.item.path is not None:
+        staging.save_fingerprint(db, s.sid, kb.id, str(s.item.path), size=fp.size, mtime_ns=fp.mtime_ns,
+                                 sha256=fp.sha256, recipe=_recipe(kb))
+
+
+def _recipe(kb: KnowledgeBase) -> str:
+    st = kb.store.settings
+    return (f"{CHUNKER_VERSION}/{st.max_chunk_tokens}/{st.chunk_overlap_tokens}/{kb.record.model}/"
+            f"{TEXT_SEGMENT_CHARS}")
+
+
+def _delete_stale(db: sqlite3.Connection, s: _Source, n: int) -> list[tuple[str, int]]:
+    """Chunks past the new end, and those whose new text failed to embed."""
+    stale = [(cid, vector_key(cid)) for idx, (cid, _h, _ok) in s.before.items()
+             if idx >= n or idx in s.failures]
+    db.executemany("DELETE FROM chunks WHERE id = ?", [(cid,) for cid, _k in stale])
+    return stale
+
+
+def _unchanged(kb: KnowledgeBase, s: _Source) -> bool:
+    """Nothing to write: every passage kept, none past the end, the same content hash."""
+    if s.vectors or s.failures or len(s.before) != len(s.hashes):
+        return False
+    row = kb.catalog.db.execute("SELECT content_hash, chunk_count FROM sources WHERE id = ?",
+                                (s.sid,)).fetchone()
+    same = row is not None and row[0] == s.digest.hexdigest() and row[1] == len(s.hashes)
+    if same and s.fingerprint is not None and s.fingerprint.sha256 and s.item.path is not None:
+        with kb.store.lock.hold(), kb.catalog.tx() as db:
+            fp = s.fingerprint
+            staging.save_fingerprint(db, s.sid, kb.id, str(s.item.path), size=fp.size, mtime_ns=fp.mtime_ns,
+                                     sha256=fp.sha256, recipe=_recipe(kb))
+    return same
+
+
+def _vectors_by_hash(kb: KnowledgeBase, hashes: list[str]) -> dict[str, np.ndarray]:
+    """Stored, valid vectors of passages with these text hashes (an identical passage elsewhere)."""
+    from localkb.store.catalog import blob_vector
+
+    out: dict[str, np.ndarray] = {}
+    uniq = list(dict.fromkeys(hashes))
+    db = kb.catalog.db
+    for start in range(0, len(uniq), 500):
+        part = uniq[start : start + 500]
+        marks = ",".join("?" * len(part))
+        for h, blob in db.execute(f"SELECT text_hash, vector FROM chunks WHERE kb_id = ? "  # noqa: S608
+                                  f"AND text_hash IN ({marks})", [kb.id, *part]):
+            if h not in out and valid_vector(blob, kb.record.dim):
+                out[h] = blob_vector(blob).copy()
+    return out
+
+
+def _count(kb: KnowledgeBase, s: _Source) -> SourceReport:
     """Count what is really in the catalogue now, passage by passage."""
-    after = _existing_chunks(kb, p.sid)
-    rep = SourceReport(name=p.name, status="", source_id=p.sid, title=p.doc.title, url=p.doc.url,
-                       total=len(p.chunks))
-    for i, cid in enumerate(p.cids):
-        row = after.get(cid)
-        if not row or not row[1] or row[0] != p.hashes[i]:
-            rep.failed += 1
-            reason = p.failures.get(i, "the passage is not in the catalogue after the write")
-            rep.failures.append({"chunk_index": i, "page": p.chunks[i].page, "reason": reason})
-        elif cid not in p.before:
+    n = len(s.hashes)
+    rep = SourceReport(name=s.name, status="", source_id=s.sid, title=s.doc.title, url=s.doc.url, total=n)
+    seen: set[int] = set()
+    for idx, h, blob in kb.catalog.db.execute(
+            "SELECT idx, text_hash, vector FROM chunks WHERE source_id = ?", (s.sid,)):
+        if idx >= n:
+            continue
+        if h != s.hashes[idx] or not valid_vector(blob, kb.record.dim):
+            continue
+        seen.add(idx)
+        before = s.before.get(idx)
+        if before is None:
             rep.added += 1
-        elif p.before[cid] == (p.hashes[i], True):
+        elif before[1] == h and before[2]:
             rep.unchanged += 1
         else:
             rep.updated += 1
-    rep.removed = sum(1 for cid in p.before if cid not in after)
+    for idx in range(n):
+        if idx not in seen:
+            rep.failed += 1
+            if len(rep.failures) < 200:
+                reason = s.failures.get(idx, "the passage is not in the catalogue after the write")
+                rep.failures.append({"chunk_index": idx, "reason": reason})
+    rep.removed = sum(1 for idx in s.before if idx >= n or idx in s.failures)
     if rep.failed == rep.total:
         rep.status = "failed"
         reasons = sorted({f["reason"] for f in rep.failures})
         rep.error = {"code": NothingWritten.code,
                      "message": f"none of its {rep.total} passages could be saved "
                                 f"({'; '.join(reasons)[:400]})"}
+        rep.removed = 0
     elif rep.failed:
         rep.status = "partial"
-    elif not p.before:
+    elif not s.before:
         rep.status = "added"
     else:
         rep.status = "updated" if (rep.added or rep.updated or rep.removed) else "unchanged"
     if rep.failed:
         kb.catalog.log_error("ingest", "nothing_written" if rep.status == "failed" else "partial_write",
-                             f"{p.name}: {rep.summary}", kb_id=kb.id, ref=p.sid,
+                             f"{s.name}: {rep.summary}", kb_id=kb.id, ref=s.sid,
                              detail={"failures": rep.failures[:50]})
     return rep
 
 
-def _flush(kb: KnowledgeBase, batch: list[_Prepared], progress: Progress | None,
-           check_cancelled: CancelCheck | None) -> list[SourceReport]:
-    _embed(kb, batch, progress, check_cancelled)
-    if check_cancelled:
-        check_cancelled()
-    writable = [p for p in batch if len(p.failures) < len(p.chunks)]
-    if writable:
-        _write(kb, writable, progress)
-    # A source none of whose passages embedded is not written at all: what was stored stays.
-    return [_report(kb, p) for p in batch]
-
-
-#: Model tokens per write batch: about 680 passages of 96 tokens. Sized in tokens, not
-#: passages, so that the per-commit cost (one SQLite transaction, one Whoosh segment)
-#: stays small against the embedding time whatever the passage size.
-BATCH_TOKENS = 65_536
+# == running a job ===========================================================================
+def _run(kb: KnowledgeBase, items: list[_Item], *, progress: Progress | None,
+         check_cancelled: CancelCheck | None, batch_tokens: int = BATCH_TOKENS,
+         max_bytes: int | None = None, report: IngestReport | None = None) -> IngestReport:
+    """Run the reader and the writer over ``items``; an interrupt returns what was kept."""
+    job = _Job(kb, progress=progress, check_cancelled=check_cancelled, batch_tokens=batch_tokens,
+               max_bytes=kb.store.settings.max_source_bytes if max_bytes is None else max_bytes)
+    if report is not None:
+        job.report = report
+    job.progress.add_sources(len(items), sum(i.size for i in items if not i.skip))
+    reader = _Reader(job, items)
+    writer = _Writer(job)
+    reader.start()
+    try:
+        while True:
+            job.cancelled()
+            t0 = time.perf_counter()
+            try:
+                msg = reader.out.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            finally:
+                job.timings["wait_s"] += time.perf_counter() - t0
+            if msg[0] == "done":
+                writer.flush()
+                break
+            writer.take(msg)
+    except Cancelled:
+        job.report.interrupted = True
+    finally:
+        reader.stop.set()
+        reader.join(timeout=30)
+        job.locks.release_all()
+        job.report.elapsed_s = job.progress.elapsed()
+        job.report.tokens = job.progress.tokens_embedded
+        job.report.passages = job.progress.passages
+        job.report.timings = {k: round(v, 2) for k, v in job.timings.items()}
+    if job.report.interrupted:
+        job.report.pending = [i.name for i in items if id(i) not in job._done_items]
+        with_staged = staging.staged_sources(kb.catalog.db, kb.id)
+        names = {source_id(kb.id, _file_key(i.path)): i.name for i in items if i.path is not None}
+        job.report.staged = {names.get(sid, sid): n for sid, n in with_staged.items()}
+    return job.report
 
 
 def ingest_documents(kb: KnowledgeBase, items: Iterable[tuple[str, Callable[[], tuple[Document, str]]]],
@@ -314,102 +1088,51 @@ def ingest_documents(kb: KnowledgeBase, items: Iterable[tuple[str, Callable[[], 
                      ) -> list[SourceReport]:
     """Extract, chunk, embed and write many sources, embedding and writing them in batches.
 
-    A batch closes once its passages to embed hold ``batch_tokens`` model tokens; each
-    batch is one catalogue transaction and one keyword-index commit.
-
     ``items`` yields (name, loader) where the loader returns (document, source key)
     or raises; a failing item is reported by name and never stops the others.
     """
-    reports: list[SourceReport] = []
-    batch: list[_Prepared] = []
-    pending = 0
-    items = list(items)
-    for n, (name, load) in enumerate(items):
-        if check_cancelled:
-            check_cancelled()
-        _emit(progress, stage="extract", done=n, total=len(items), source=name)
-        try:
-            doc, key = load()
-            prepared = _prepare(kb, doc, key, captured_by, progress)
-        except Cancelled:
-            raise
-        except LocalKBError as err:
-            kb.catalog.log_error("ingest", err.code, f"{name}: {err}", kb_id=kb.id, ref=name)
-            reports.append(_failed(name, err))
-            continue
-        if isinstance(prepared, SourceReport):
-            prepared.name = name
-            reports.append(prepared)
-            continue
-        prepared.name = name
-        batch.append(prepared)
-        pending += sum(prepared.chunks[i].tokens for i in prepared.need)
-        if pending >= batch_tokens:
-            reports += _flush_or_fail(kb, batch, progress, check_cancelled)
-            batch, pending = [], 0
-    if batch:
-        reports += _flush_or_fail(kb, batch, progress, check_cancelled)
-    return reports
-
-
-def _flush_or_fail(kb: KnowledgeBase, batch: list[_Prepared], progress: Progress | None,
-                   check_cancelled: CancelCheck | None) -> list[SourceReport]:
-    try:
-        return _flush(kb, batch, progress, check_cancelled)
-    except Cancelled:
-        raise
-    except LocalKBError as err:
-        for p in batch:
-            kb.catalog.log_error("ingest", err.code, f"{p.name}: {err}", kb_id=kb.id, ref=p.sid)
-        return [_failed(p.name, err) for p in batch]
+    _check_captured_by(captured_by)
+    jobs = [_Item(name=name, display=name, captured_by=captured_by, load=load) for name, load in items]
+    report = _run(kb, jobs, progress=progress, check_cancelled=check_cancelled, batch_tokens=batch_tokens)
+    if report.interrupted:
+        raise Cancelled("the add was cancelled; what was written before stays",
+                        detail={"kept": len(report.sources), "pending": len(report.pending)})
+    return report.sources
 
 
 def add_document(kb: KnowledgeBase, doc: Document, *, key: str, captured_by: str = "cli",
                  progress: Progress | None = None, check_cancelled: CancelCheck | None = None,
                  ) -> SourceReport:
     """Chunk, embed and write one document as one source; raise if nothing could be stored."""
-    prepared = _prepare(kb, doc, key, captured_by, progress)
-    if isinstance(prepared, SourceReport):
-        return prepared
-    rep = _flush(kb, [prepared], progress, check_cancelled)[0]
+    _check_captured_by(captured_by)
+    name = doc.url or doc.file_name or doc.title
+    item = _Item(name=name, display=name, captured_by=captured_by, load=lambda: (doc, key))
+    report = _run(kb, [item], progress=progress, check_cancelled=check_cancelled)
+    if report.interrupted:
+        raise Cancelled("the add was cancelled; the store is as it was")
+    rep = report.sources[0]
     if rep.status == "failed":
-        raise NothingWritten(f"{rep.name}: {rep.error['message']}",
-                             detail={"failures": rep.failures[:50]})
+        if rep.error and rep.error.get("code") != NothingWritten.code:
+            raise _error_from(rep.error)
+        raise NothingWritten(f"{rep.name}: {rep.error['message']}", detail={"failures": rep.failures[:50]})
     return rep
 
 
-def _existing_chunks(kb: KnowledgeBase, sid: str,
-                     db: sqlite3.Connection | None = None) -> dict[str, tuple[str, bool]]:
-    db = db or kb.catalog.db
-    return {r[0]: (r[1], valid_vector(r[2], kb.record.dim))
-            for r in db.execute("SELECT id, text_hash, vector FROM chunks WHERE source_id = ?",
-                                (sid,))}
+def _error_from(error: dict) -> LocalKBError:
+    from localkb import errors
+
+    for cls in vars(errors).values():
+        if isinstance(cls, type) and issubclass(cls, LocalKBError) and cls.code == error.get("code"):
+            return cls(error["message"])
+    return LocalKBError(error.get("message", "failed"))
+
+
+def _check_captured_by(captured_by: str) -> None:
+    if captured_by not in CAPTURED_BY:
+        raise InvalidInput(f"captured_by must be one of {', '.join(CAPTURED_BY)}")
 
 
 # -- inputs --------------------------------------------------------------------------------
-def _matches(path: Path, root: Path, patterns: Iterable[str]) -> bool:
-    rel = path.relative_to(root).as_posix() if path != root else path.name
-    return any(fnmatch.fnmatch(path.name, p) or fnmatch.fnmatch(rel, p) for p in patterns)
-
-
-def walk_folder(root: Path, include: Iterable[str] = (), exclude: Iterable[str] = ()) -> Iterator[Path]:
-    """Files under ``root`` (sorted), honouring include/exclude globs; hidden folders skipped."""
-    include, exclude = list(include), list(exclude) + list(DEFAULT_EXCLUDES)
-    for dirpath, dirnames, filenames in os.walk(root):
-        here = Path(dirpath)
-        dirnames[:] = sorted(d for d in dirnames if not _matches(here / d, root, exclude))
-        for name in sorted(filenames):
-            path = here / name
-            if _matches(path, root, exclude):
-                continue
-            if include:
-                if not _matches(path, root, include):
-                    continue
-            elif path.suffix.lower() not in SUPPORTED_SUFFIXES:
-                continue
-            yield path
-
-
 def fetch_url(url: str, *, max_bytes: int, timeout: float) -> tuple[bytes, str, str]:
     """GET a public URL: (body, content type, final URL); size, type and status checked."""
     import httpx
@@ -436,49 +1159,61 @@ def fetch_url(url: str, *, max_bytes: int, timeout: float) -> tuple[bytes, str, 
         raise FetchFailed(f"{url}: {type(err).__name__}: {err}") from err
 
 
+def plan_items(kb: KnowledgeBase, items: Iterable[str], *, captured_by: str = "cli",
+               include: Iterable[str] = (), exclude: Iterable[str] = (), max_bytes: int | None = None,
+               report: IngestReport) -> list[_Item]:
+    """The job's sources, in order: files of folders (walked now), files, URLs. A missing path
+    is reported (and logged) at once."""
+    settings = kb.store.settings
+    cap = settings.max_source_bytes if max_bytes is None else max_bytes
+    out: list[_Item] = []
+    for item in items:
+        if item.startswith(("http://", "https://")):
+            via = "url" if captured_by == "cli" else captured_by
+            out.append(_Item(name=item, display=item, captured_by=via, load=_url_job(item, settings)))
+            continue
+        path = Path(item).expanduser()
+        if path.is_dir():
+            via = "folder" if captured_by == "cli" else captured_by
+            walk = walk_folder(path, include, exclude, max_bytes=cap)
+            report.excluded += walk.excluded
+            entries = [(p, size, None) for p, size in walk.files] + [(p, 0, why) for p, why in walk.skipped]
+            entries.sort(key=lambda e: str(e[0]))
+            for p, size, why in entries:
+                out.append(_Item(name=str(p), display=p.relative_to(path).as_posix(), captured_by=via,
+                                 path=p, size=size, skip=why))
+            if not entries:
+                why = "the folder has no files to add" + (
+                    f" ({plural(walk.excluded, 'file')} excluded by the rules)" if walk.excluded else "")
+                report.sources.append(_failed(kb, item, InvalidInput(why)))
+        elif path.is_file():
+            size = path.stat().st_size
+            out.append(_Item(name=str(path), display=path.name, captured_by=captured_by, path=path,
+                             size=size))
+        else:
+            report.sources.append(_failed(kb, item, InvalidInput("no such file or folder")))
+    return out
+
+
 def add_paths(kb: KnowledgeBase, items: Iterable[str], *, captured_by: str = "cli",
               include: Iterable[str] = (), exclude: Iterable[str] = (),
               progress: Progress | None = None, check_cancelled: CancelCheck | None = None,
-              ) -> IngestReport:
-    """Add files, folders and URLs; a bad item is reported by name and never stops the rest."""
+              max_bytes: int | None = None, batch_tokens: int | None = None) -> IngestReport:
+    """Add files, folders and URLs; a bad item is reported by name and never stops the rest.
+
+    ``max_bytes`` is the per-source size cap (``Settings.max_source_bytes`` by default;
+    0 lifts it). An interrupt returns the report with ``interrupted`` set.
+    """
     report = IngestReport()
-    settings = kb.store.settings
-    for item in items:
-        via = captured_by
-        if item.startswith(("http://", "https://")):
-            jobs = [(item, _url_job(item, settings))]
-            via = "url" if captured_by == "cli" else captured_by
-        else:
-            path = Path(item).expanduser()
-            if path.is_dir():
-                jobs = [(str(p), _file_job(p)) for p in walk_folder(path, include, exclude)]
-                via = "folder" if captured_by == "cli" else captured_by
-                if not jobs:
-                    report.sources.append(_failed(item, InvalidInput("the folder has no files to add")))
-            elif path.is_file():
-                jobs = [(str(path), _file_job(path))]
-            else:
-                report.sources.append(_failed(item, InvalidInput("no such file or folder")))
-                jobs = []
-        report.sources += ingest_documents(kb, jobs, captured_by=via, progress=progress,
-                                           check_cancelled=check_cancelled)
-    return report
+    jobs = plan_items(kb, items, captured_by=captured_by, include=include, exclude=exclude,
+                      max_bytes=max_bytes, report=report)
+    return _run(kb, jobs, progress=progress, check_cancelled=check_cancelled, max_bytes=max_bytes,
+                batch_tokens=batch_tokens or kb.store.settings.ingest_batch_tokens, report=report)
 
 
-def _failed(name: str, err: LocalKBError) -> SourceReport:
+def _failed(kb: KnowledgeBase, name: str, err: LocalKBError) -> SourceReport:
+    kb.catalog.log_error("ingest", err.code, f"{name}: {err}", kb_id=kb.id, ref=name)
     return SourceReport(name=name, status="failed", error={"code": err.code, "message": str(err)})
-
-
-def _file_job(path: Path) -> Callable[[], tuple[Document, str]]:
-    def job() -> tuple[Document, str]:
-        try:
-            data = path.read_bytes()
-        except OSError as err:
-            raise InvalidDocument(f"cannot read the file: {err.strerror}") from err
-        doc = extract_bytes(data, name=path.name)
-        return doc, "file:" + str(path.resolve())
-
-    return job
 
 
 def _url_job(url: str, settings) -> Callable[[], tuple[Document, str]]:
@@ -504,8 +1239,15 @@ def add_capture(kb: KnowledgeBase, *, url: str | None, title: str | None = None,
     given = [x for x in (html, text, pdf) if x is not None]
     if len(given) != 1:
         raise InvalidInput("give exactly one of html, text or pdf")
+    cap = kb.store.settings.max_source_bytes
+    size = len(pdf) if pdf is not None else len((html if html is not None else text or "").encode())
+    if cap and size > cap:
+        raise SourceTooLarge(too_large_reason(size, cap), detail={"bytes": size, "cap": cap})
     page_url = canonical_url or url
-    _emit(progress, stage="extract", done=0, total=1, source=page_url or title)
+    if progress is not None:  # extraction runs before the job starts: say so in the job's terms
+        early = JobProgress(progress)
+        early.add_sources(1)
+        early.emit("extract", 0, 1, current=page_url or title or "page")
     if pdf is not None:
         doc = extract_bytes(pdf, name=page_url or "document.pdf", content_type="application/pdf",
                             url=page_url, title=title)
@@ -520,36 +1262,90 @@ def add_capture(kb: KnowledgeBase, *, url: str | None, title: str | None = None,
                         check_cancelled=check_cancelled)
 
 
+# == removing and listing ====================================================================
+def find_sources(kb: KnowledgeBase, ref: str) -> list[dict]:
+    """Sources that ``ref`` names: an id, a URL, a path (as given or resolved), a file name or a
+    title (case-insensitive), or the end of a stored path (``library/os.html``)."""
+    db = kb.catalog.db
+    resolved = "file:" + str(Path(ref).expanduser().resolve())
+    exact = db.execute(
+        "SELECT id, title, url, file_name, key FROM sources WHERE kb_id = ? AND "
+        "(id = ? OR key = ? OR url = ? OR key = ?)", (kb.id, ref, ref, ref, resolved)).fetchall()
+    if exact:
+        return [dict(r) for r in exact]
+    tail = "%/" + ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_").lstrip("/")
+    rows = db.execute(
+        "SELECT id, title, url, file_name, key FROM sources WHERE kb_id = ? AND "
+        "(file_name = ? COLLATE NOCASE OR title = ? COLLATE NOCASE OR key LIKE ? ESCAPE '\\')",
+        (kb.id, ref, ref, tail)).fetchall()
+    return [dict(r) for r in rows]
+
+
 def remove_source(kb: KnowledgeBase, ref: str) -> dict:
-    """Delete a source (by id, URL or file key) and its chunks; returns what was removed."""
-    row = kb.catalog.db.execute(
-        "SELECT id, title FROM sources WHERE kb_id = ? AND (id = ? OR key = ? OR url = ? OR key = ?)",
-        (kb.id, ref, ref, ref, "file:" + str(Path(ref).expanduser().resolve()))).fetchone()
-    if row is None:
-        raise SourceNotFound(f"no source {ref!r} in {kb.record.name!r}")
-    sid = row["id"]
+    """Delete a source (by id, URL, path, file name or title) and its chunks; returns what was removed."""
+    found = find_sources(kb, ref)
+    if not found:
+        raise SourceNotFound(f"no source {ref!r} in {kb.record.name!r} "
+                             "(by id, title, file name, URL or path)")
+    if len(found) > 1:
+        listed = "; ".join(f"{r['id']} {r['title']!r} ({_where(r)})" for r in found[:10])
+        more = f" and {len(found) - 10} more" if len(found) > 10 else ""
+        raise AmbiguousReference(
+            f"{len(found)} sources in {kb.record.name!r} match {ref!r}: {listed}{more}; "
+            "give the id or the full path", detail={"matches": [r["id"] for r in found]})
+    sid, title = found[0]["id"], found[0]["title"]
     removed: list[tuple[str, int]] = []
 
     def mutate(db: sqlite3.Connection) -> Change:
-        ids = [(r[0], r[1]) for r in db.execute("SELECT id, vkey FROM chunks WHERE source_id = ?",
-                                                (sid,))]
+        ids = [(r[0], r[1]) for r in db.execute("SELECT id, vkey FROM chunks WHERE source_id = ?", (sid,))]
         removed.extend(ids)
         db.execute("DELETE FROM chunks WHERE source_id = ?", (sid,))
         db.execute("DELETE FROM sources WHERE id = ?", (sid,))
         return Change(deleted=ids)
 
     kb.write(mutate)
-    return {"source_id": sid, "title": row["title"], "removed_chunks": len(removed)}
+    return {"source_id": sid, "title": title, "removed_chunks": len(removed)}
 
 
-def list_sources(kb: KnowledgeBase, *, offset: int = 0, limit: int = 100) -> tuple[list[dict], int]:
+def _where(row: dict) -> str:
+    key = row.get("key") or ""
+    return row.get("url") or (key[5:] if key.startswith("file:") else row.get("file_name") or key)
+
+
+SORTS = {"title": "s.title COLLATE NOCASE, s.id", "added": "s.added_at, s.id",
+         "updated": "s.updated_at DESC, s.id"}
+
+
+def list_sources(kb: KnowledgeBase, *, offset: int = 0, limit: int | None = 100,
+                 sort: str = "title") -> tuple[list[dict], int]:
+    """A page of the sources (sorted by title, or ``added`` / ``updated``) and how many there are."""
+    rows = list(iter_sources(kb, offset=offset, limit=limit, sort=sort))
+    total = kb.catalog.db.execute("SELECT COUNT(*) FROM sources WHERE kb_id = ?", (kb.id,)).fetchone()[0]
+    return rows, total
+
+
+def iter_sources(kb: KnowledgeBase, *, offset: int = 0, limit: int | None = None, sort: str = "title"):
+    """Sources one by one, read in pages (``--json`` streams them)."""
+    if sort not in SORTS:
+        raise InvalidInput(f"sort must be one of {', '.join(SORTS)}")
     db = kb.catalog.db
-    total = db.execute("SELECT COUNT(*) FROM sources WHERE kb_id = ?", (kb.id,)).fetchone()[0]
-    rows = db.execute(
-        "SELECT s.*, (SELECT COUNT(*) FROM chunks c WHERE c.source_id = s.id) AS stored "
-        "FROM sources s WHERE kb_id = ? ORDER BY added_at, id LIMIT ? OFFSET ?",
-        (kb.id, limit, offset)).fetchall()
-    return [{"id": r["id"], "title": r["title"], "url": r["url"], "file_name": r["file_name"],
-             "type": r["type"], "chunks": r["stored"], "chunk_count": r["chunk_count"],
-             "pages": r["pages"], "captured_by": r["captured_by"], "added_at": r["added_at"],
-             "updated_at": r["updated_at"]} for r in rows], total
+    page = 500
+    left = limit
+    while left is None or left > 0:
+        n = page if left is None else min(page, left)
+        order = SORTS[sort]  # one of the fixed ORDER BY clauses above
+        sql = ("SELECT s.*, (SELECT COUNT(*) FROM chunks c WHERE c.source_id = s.id) AS stored "  # noqa: S608
+               f"FROM sources s WHERE kb_id = ? ORDER BY {order} LIMIT ? OFFSET ?")
+        rows = db.execute(sql, (kb.id, n, offset)).fetchall()
+        for r in rows:
+            key = r["key"]
+            yield {"id": r["id"], "title": r["title"], "url": r["url"], "file_name": r["file_name"],
+                   "path": key[5:] if key.startswith("file:") else None,
+                   "type": r["type"], "chunks": r["stored"], "chunk_count": r["chunk_count"],
+                   "pages": r["pages"], "captured_by": r["captured_by"], "added_at": r["added_at"],
+                   "updated_at": r["updated_at"]}
+        if len(rows) < n:
+            return
+        offset += len(rows)
+        if left is not None:
+            left -= len(rows)

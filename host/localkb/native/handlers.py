@@ -211,12 +211,34 @@ def h_source_add(data: dict, ctx) -> dict:
     return {**report.to_dict(), "kb": kb.id, "kb_name": kb.record.name}
 
 
+def h_kb_sync(data: dict, ctx) -> dict:
+    """Sync a knowledge base with the folder remembered for it (set by ``localkb sync KB FOLDER``).
+
+    Requests carry no paths: the folder and its rules come from the knowledge base's settings.
+    Streams ``progress`` events; ends with the sync report. A ``cancel`` stops it at the next
+    safe point (what was written stays) and answers ``cancelled`` with what was kept.
+    """
+    from localkb.errors import Cancelled
+    from localkb.ingest.sync import sync_folder
+
+    kb = get_store().open_kb(req_str(data, "kb", max_len=200))
+    report = sync_folder(kb, None, progress=lambda ev: ctx.emit("progress", ev),
+                         check_cancelled=ctx.check_cancelled)
+    out = {**report.to_dict(), "kb": kb.id, "kb_name": kb.record.name}
+    if report.interrupted:
+        raise Cancelled(report.kept_line or "cancelled",
+                        detail={"kept": out["totals"]["files_seen"] - out["totals"]["pending"],
+                                "pending": out["totals"]["pending"], "summary": out["summary"]})
+    return out
+
+
 def h_source_list(data: dict, ctx) -> dict:
     from localkb.ingest.pipeline import list_sources
 
     kb = get_store().open_kb(req_str(data, "kb", max_len=200))
+    sort = req_str(data, "sort", required=False, max_len=20) or "added"
     rows, total = list_sources(kb, offset=req_int(data, "offset", 0, lo=0, hi=10**9),
-                               limit=req_int(data, "limit", 100, lo=1, hi=10_000))
+                               limit=req_int(data, "limit", 100, lo=1, hi=10_000), sort=sort)
     return {"sources": rows, "total": total}
 
 
@@ -487,6 +509,7 @@ HANDLERS: dict[str, Handler] = {
     "kb.update": h_kb_update,
     "kb.delete": h_kb_delete,
     "source.add": h_source_add,
+    "kb.sync": h_kb_sync,
     "source.list": h_source_list,
     "source.remove": h_source_remove,
     "search": h_search,

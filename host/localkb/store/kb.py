@@ -15,7 +15,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +37,9 @@ from localkb.store.keywords import KeywordIndex
 from localkb.store.vectors import VectorIndex
 
 PRIVACY = ("device", "cloud")
+#: Chunks read at a time when the derived indexes catch up with a write, and per keyword commit.
+APPLY_SLICE = 2048
+APPLY_COMMIT = 8192
 _NAME = re.compile(r"^[^\x00-\x1f/\\]{1,80}$")
 
 
@@ -173,14 +176,23 @@ class KnowledgeBase:
         self.store = store
         self.record = record
         self.catalog = store.catalog
-        self.embedder: Embedder = store.models.get(record.model)
-        if self.embedder.dim != record.dim:
-            raise ModelMismatch(f"model {record.model} has {self.embedder.dim} dimensions, "
+        # The embedder is chosen on first use (choosing MiniLM checks the model files' hashes):
+        # re-adding an unchanged folder never needs it.
+        self._embedder: Embedder | None = None
+        spec_dim = store.models.spec(record.model).dim
+        if spec_dim != record.dim:
+            raise ModelMismatch(f"model {record.model} has {spec_dim} dimensions, "
                                 f"the knowledge base was created with {record.dim}")
         self.dir = store.kb_dir(record.id)
         self._vectors: VectorIndex | None = None
         self._keywords: KeywordIndex | None = None
         self._lock = threading.RLock()
+
+    @property
+    def embedder(self) -> Embedder:
+        if self._embedder is None:
+            self._embedder = self.store.models.get(self.record.model)
+        return self._embedder
 
     @property
     def id(self) -> str:
@@ -278,19 +290,45 @@ class KnowledgeBase:
 
     def _apply(self, vi: VectorIndex | None, ki: KeywordIndex | None,
                touched: list[tuple[str, int]], gen: int) -> None:
-        """Make the indexes agree with the catalogue for ``touched`` chunks, then save."""
-        rows = {r["id"]: r for r in self.catalog.chunk_rows(self.id, [c for c, _ in touched])}
-        live = [rows[c] for c, _ in touched if c in rows]
-        gone = [(c, k) for c, k in touched if c not in rows]
+        """Make the indexes agree with the catalogue for ``touched`` chunks, then save.
+
+        Rows are read in slices of ``APPLY_SLICE`` and the keyword index commits every
+        ``APPLY_COMMIT`` chunks, so a big source's switch (100k passages) never holds all its
+        texts, vectors or postings in memory at once. Only the last commit records ``gen``:
+        a crash in between leaves the index at its old generation, and the next open catches
+        it up from the change log (upserts and deletes are idempotent).
+        """
+        db = self.catalog.db
+        for group_start in range(0, max(len(touched), 1), APPLY_COMMIT):
+            group = touched[group_start : group_start + APPLY_COMMIT]
+            last = group_start + APPLY_COMMIT >= len(touched)
+            gone: list[tuple[str, int]] = []
+            for start in range(0, len(group), APPLY_SLICE):
+                part = group[start : start + APPLY_SLICE]
+                marks = ",".join("?" * len(part))
+                present = {r[0] for r in db.execute(f"SELECT id FROM chunks WHERE id IN ({marks})",  # noqa: S608
+                                                    [c for c, _ in part])}
+                gone += [(c, k) for c, k in part if c not in present]
+            if vi is not None:
+                vi.remove(np.array([k for _, k in gone], dtype=np.uint64))
+
+            def live(group=group) -> Iterator[tuple[str, str]]:
+                for start in range(0, len(group), APPLY_SLICE):
+                    ids = [c for c, _ in group[start : start + APPLY_SLICE]]
+                    rows = self.catalog.chunk_rows(self.id, ids)
+                    if vi is not None and rows:
+                        vi.upsert(np.array([r["vkey"] for r in rows], dtype=np.uint64),
+                                  np.stack([blob_vector(r["vector"]) for r in rows]))
+                    for r in rows:
+                        yield r["id"], passage_text(r["title"], r["text"])
+
+            if ki is not None:
+                ki.write(live(), [c for c, _ in gone], gen if last else ki.generation)
+            else:
+                for _ in live():
+                    pass
         if vi is not None:
-            vi.remove(np.array([k for _, k in gone], dtype=np.uint64))
-            if live:
-                vi.upsert(np.array([r["vkey"] for r in live], dtype=np.uint64),
-                          np.stack([blob_vector(r["vector"]) for r in live]))
             vi.save(gen)
-        if ki is not None:
-            ki.write([(r["id"], passage_text(r["title"], r["text"])) for r in live],
-                     [c for c, _ in gone], gen)
 
     def _rebuild_vectors(self, gen: int) -> VectorIndex:
         vi = VectorIndex(self.vector_path, self.record.model, self.record.dim)

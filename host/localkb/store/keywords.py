@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import shutil
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -190,14 +191,21 @@ class KeywordIndex:
     def doc_count(self) -> int:
         return self.ix.doc_count()
 
-    def write(self, upserts: list[tuple[str, str]], deletes: list[str], generation: int) -> None:
-        """Apply changes in one Whoosh commit, then record the generation."""
-        if upserts or deletes:
+    def write(self, upserts: Iterable[tuple[str, str]], deletes: list[str], generation: int) -> None:
+        """Apply changes in one Whoosh commit, then record the generation.
+
+        ``upserts`` may be a generator (a big switch streams its passages through here).
+        """
+        upserts = iter(upserts)
+        first = next(upserts, None)
+        if first is not None or deletes:
             try:
                 writer = self.ix.writer(limitmb=128)
                 try:
                     for cid in deletes:
                         writer.delete_by_term("chunk_id", cid)
+                    if first is not None:
+                        writer.update_document(chunk_id=first[0], content=first[1])
                     for cid, content in upserts:
                         writer.update_document(chunk_id=cid, content=content)
                 except BaseException:

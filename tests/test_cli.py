@@ -1,0 +1,160 @@
+"""The command line's edges: closed pipes, listings, removing by name, export to stdout, help, logs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import make_pdf, run_cli
+from localkb.cli import explain_table
+from localkb.retrieval.search import Hit, SearchResult
+
+
+@pytest.fixture(scope="module")
+def many(tmp_path_factory) -> Path:
+    """A store with 150 one-passage sources (hashing model: quick) and a Docs knowledge base."""
+    root = tmp_path_factory.mktemp("many")
+    home = root / "home"
+    run_cli(["kb", "create", "Many", "--model", "hashing-256"], home, check=True)
+    folder = root / "notes"
+    folder.mkdir()
+    for i in range(150):
+        (folder / f"n{i:03}.md").write_text(f"# Zeta note {149 - i:03}\n\nNote about widget {i} and cables.")
+    run_cli(["add", "Many", str(folder)], home, check=True)
+    return home
+
+
+def _piped(home: Path, args: list[str]) -> subprocess.CompletedProcess:
+    """``localkb ARGS | head -1`` in a real shell pipeline."""
+    env = {**os.environ, "LOCALKB_HOME": str(home)}
+    cmd = " ".join([sys.executable, "-m", "localkb", *(f"'{a}'" for a in args)]) + " | head -1"
+    return subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True, env=env,
+                          timeout=300, check=False)
+
+
+def test_a_closed_pipe_exits_cleanly(many):
+    for args in (["sources", "Many", "--json"], ["search", "Many", "widget cables", "-k", "50"],
+                 ["sources", "Many", "--limit", "150"]):
+        res = _piped(many, args)
+        assert res.returncode == 0, res.stderr
+        assert "Traceback" not in res.stderr and "BrokenPipe" not in res.stderr
+        assert res.stdout.strip()
+
+
+def test_sources_are_sorted_and_say_how_many_there_are(many):
+    res = run_cli(["sources", "Many"], many)
+    lines = res.stdout.strip().splitlines()
+    titles = [line.split("Zeta note ")[1].split()[0] for line in lines[:-1]]
+    assert len(titles) == 100 and titles == sorted(titles) and titles[0] == "000"
+    assert lines[-1] == ("showing 1-100 of 150 sources (by title) — --limit/--offset for more, "
+                         "--sort added|updated|title")
+    rest = run_cli(["sources", "Many", "--offset", "100"], many).stdout.strip().splitlines()
+    assert len(rest) == 51 and rest[-1].startswith("showing 101-150 of 150 sources")
+    added = run_cli(["sources", "Many", "--sort", "added", "--limit", "3"], many).stdout
+    assert "(by added)" in added
+
+
+def test_sources_json_lists_every_source_as_one_document(many):
+    out = json.loads(run_cli(["sources", "Many", "--json"], many).stdout)
+    assert out["total"] == 150 and len(out["sources"]) == 150
+    assert [s["title"] for s in out["sources"]] == sorted(s["title"] for s in out["sources"])
+    assert all(s["path"].endswith(".md") for s in out["sources"])
+    two = json.loads(run_cli(["sources", "Many", "--json", "--limit", "2", "--offset", "5"], many).stdout)
+    assert [s["title"] for s in two["sources"]] == ["Zeta note 005", "Zeta note 006"]
+
+
+def test_remove_by_title_file_name_path_or_id_and_several_matches_named(tmp_path):
+    home = tmp_path / "home"
+    run_cli(["kb", "create", "Docs", "--model", "hashing-256"], home, check=True)
+    for sub in ("a", "b"):
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "index.md").write_text(f"# Index {sub}\n\nThe {sub} index page.")
+    (tmp_path / "a" / "guide.md").write_text("# User guide\n\nHow to use it.")
+    make_pdf(tmp_path / "a" / "spec.pdf", ["The spec of the widget."])
+    run_cli(["add", "Docs", str(tmp_path / "a"), str(tmp_path / "b")], home, check=True)
+    elsewhere = tmp_path  # not the files' folder: the file name alone must do
+    env = {**os.environ, "LOCALKB_HOME": str(home)}
+
+    def remove(ref: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "localkb", "remove", "Docs", ref], capture_output=True,
+                              text=True, env=env, cwd=elsewhere, check=False)
+
+    by_name = remove("spec.pdf")
+    assert by_name.returncode == 0 and "removed spec.pdf (1 chunk)" in by_name.stdout
+    assert remove("user guide").returncode == 0  # title, any case
+    several = remove("index.md")
+    assert several.returncode == 1
+    assert "2 sources in 'Docs' match 'index.md'" in several.stderr
+    assert "give the id or the full path" in several.stderr
+    assert remove("a/index.md").returncode == 0  # the end of the path picks one
+    listed = json.loads(run_cli(["sources", "Docs", "--json"], home).stdout)["sources"]
+    assert [s["title"] for s in listed] == ["Index b"]
+    assert remove(listed[0]["id"]).returncode == 0
+    missing = remove("nothing.md")
+    assert missing.returncode == 3 and "source_not_found" in missing.stderr
+
+
+def test_export_to_stdout_writes_the_archive_there(many, tmp_path):
+    env = {**os.environ, "LOCALKB_HOME": str(many)}
+    target = tmp_path / "out.awkb"
+    with open(target, "wb") as fh:
+        res = subprocess.run([sys.executable, "-m", "localkb", "export", "Many", "-o", "-"], stdout=fh,
+                             stderr=subprocess.PIPE, text=False, env=env, cwd=tmp_path, check=False)
+    assert res.returncode == 0, res.stderr
+    assert not (tmp_path / "-").exists()
+    assert b"-> standard output" in res.stderr and b"150 sources" in res.stderr
+    imported = run_cli(["import", str(target), "--name", "Copy"], many)
+    assert imported.returncode == 0 and "150 sources" in imported.stdout
+
+
+def test_search_and_ask_help_show_their_arguments():
+    for cmd, arg in (("search", "QUERY"), ("ask", "QUESTION")):
+        res = subprocess.run([sys.executable, "-m", "localkb", cmd, "--help"], capture_output=True, text=True,
+                             check=False)
+        usage = res.stdout.split("\n\n")[0]
+        assert f"KB [KB ...] {arg}" in usage, res.stdout
+
+
+def test_counts_of_one_are_singular(tmp_path):
+    home = tmp_path / "home"
+    run_cli(["kb", "create", "Docs", "--model", "hashing-256"], home, check=True)
+    (tmp_path / "a.md").write_text("# A\n\nOne short note.")
+    out = run_cli(["add", "Docs", str(tmp_path / "a.md")], home).stdout
+    assert "1 source: 1 added — 1 passage embedded" in out and "1 sources" not in out
+    assert run_cli(["sources", "Docs"], home).stdout.strip().endswith("1 source (by title)")
+
+
+def test_pdf_library_warnings_go_to_the_log_not_the_terminal(tmp_path):
+    home = tmp_path / "home"
+    run_cli(["kb", "create", "Docs", "--model", "hashing-256"], home, check=True)
+    pdf = make_pdf(tmp_path / "whole.pdf", ["A page about cables.", "A page about fuses."])
+    data = pdf.read_bytes()
+    cut = tmp_path / "truncated.pdf"
+    cut.write_bytes(data[: data.rindex(b"%%EOF")])  # no end marker: pypdf warns and recovers
+    res = run_cli(["add", "Docs", str(cut)], home)
+    assert "EOF marker" not in res.stderr and "EOF marker" not in res.stdout
+    assert "EOF marker not found" in (home / "logs" / "cli.log").read_text()
+
+
+def _hit(title: str, cosine: float, *, relevant: bool, bm25: float | None = None) -> Hit:
+    return Hit(kb="kb1", kb_name="Docs", chunk_id=title, source_id=title, title=title, url=None,
+               file_name=None, chunk_index=0, chunk_count=1, page=None, text=title, score=0.5, cosine=cosine,
+               bm25=bm25, matched_terms=2 if bm25 else 0, lists=["keyword"] if bm25 else ["vector"],
+               relevant=relevant)
+
+
+def test_explain_draws_a_counted_keyword_hit_above_the_cut_off_line():
+    res = SearchResult(query="ERR_4521 disk", mode="hybrid", hits=[_hit("vector match", 0.62, relevant=True),
+                                                    _hit("exact code", 0.21, relevant=True, bm25=7.5)],
+                       weaker=[_hit("set aside", 0.30, relevant=False)], statuses=[], terms=["err_4521"],
+                       cutoff=0.35, trace={})
+    lines = explain_table(res).splitlines()
+    line = next(i for i, text in enumerate(lines) if "cut-off 0.35 ──" in text)
+    above = "\n".join(lines[:line])
+    assert "exact code" in above and "vector match" in above
+    assert "set aside" in "\n".join(lines[line:])

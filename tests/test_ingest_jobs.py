@@ -1,0 +1,256 @@
+"""Ingest jobs as people run them: progress, the unchanged path, caps, two adds at once, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from localkb.ingest import pipeline
+from localkb.ingest.pipeline import add_paths
+
+
+def write_notes(folder: Path, n: int, prefix: str = "note", paragraphs: int = 3) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for i in range(n):
+        body = "\n\n".join(f"Fact {j} of {prefix} {i}: the {prefix} collection keeps item {i * 10 + j} "
+                           f"in drawer {j} next to the blue folder." for j in range(paragraphs))
+        path = folder / f"{prefix}{i:03}.md"
+        path.write_text(f"# {prefix.title()} {i}\n\n{body}\n", encoding="utf-8")
+        out.append(path)
+    return out
+
+
+def rows(home: Path, sql: str) -> list:
+    db = sqlite3.connect(home / "catalog.sqlite")
+    try:
+        return db.execute(sql).fetchall()
+    finally:
+        db.close()
+
+
+# -- 1. progress people can trust -----------------------------------------------------------
+def test_progress_counts_the_whole_job_and_never_resets(kb, tmp_path):
+    write_notes(tmp_path / "notes", 24, paragraphs=6)
+    events: list[dict] = []
+    report = add_paths(kb, [str(tmp_path / "notes")], progress=events.append, batch_tokens=1500)
+    passages = report.totals()["added"]
+    assert passages > 24  # several batches: the old bar reset at each one
+    assert {e["sources_total"] for e in events} == {24}
+    done = [e["sources_done"] for e in events]
+    assert done == sorted(done) and done[-1] == 24
+    embedded = [e["passages"] for e in events]
+    assert embedded == sorted(embedded) and embedded[-1] == passages
+    assert all(e["unit"] == "tokens" for e in events)
+    assert {e["stage"] for e in events} >= {"extract", "chunk", "embed", "write"}
+    assert all(isinstance(e["current"], str) and e["current"].startswith("note") for e in events
+               if e["current"] is not None)
+    elapsed = [e["elapsed_s"] for e in events]
+    assert elapsed == sorted(elapsed)
+    rates = [e["rate"] for e in events if e["rate"] is not None]
+    assert all(r > 0 for r in rates)
+    assert all(e["eta_s"] is None or e["eta_s"] >= 0 for e in events)
+
+
+def test_the_model_starts_before_the_batch_is_read_and_the_batch_is_one_write(kb, tmp_path, monkeypatch):
+    write_notes(tmp_path / "notes", 60, paragraphs=10)
+    order: list[str] = []
+    real_open, real_embed = pipeline.open_file, kb.embedder.embed
+    monkeypatch.setattr(pipeline, "open_file", lambda p, **kw: (order.append("read"), real_open(p, **kw))[1])
+
+    def embed(texts, progress=None):
+        order.append("embed")
+        return real_embed(texts, progress)
+
+    monkeypatch.setattr(kb.embedder, "embed", embed)
+    gen = kb.record.generation
+    report = add_paths(kb, [str(tmp_path / "notes")])
+    assert report.totals()["by_status"]["added"] == 60
+    assert order.count("read") == 60 and order.count("embed") >= 2
+    # The model ran while sources of the same batch were still to be read (the old pipeline
+    # read a whole batch, then embedded it, while the model waited)...
+    assert order.index("embed") < len(order) - 1 - order[::-1].index("read")
+    # ...and the batch was still written in one transaction.
+    assert kb.store.resolve(kb.id).generation == gen + 1
+
+
+def test_rate_and_eta_are_over_the_whole_job_in_tokens():
+    from localkb.ingest.progress import JobProgress
+
+    now = [0.0]
+    seen: list[dict] = []
+    job = JobProgress(seen.append, clock=lambda: now[0])
+    job.add_sources(2, nbytes=1000)
+    assert job.rate() is None and job.eta() is None  # unknown until something was embedded
+    job.chunked(500, tokens_to_embed=5000, tokens_all=5000)  # half the bytes read: 10 tokens/byte
+    now[0] = 10.0
+    job.embedded(50, 4000)
+    assert job.rate() == pytest.approx(400.0)  # 4000 tokens over 10 s of job, not of one batch
+    # 1000 tokens chunked but not embedded + 500 unread bytes at 10 tokens/byte = 6000 to go.
+    assert job.tokens_left() == 6000
+    assert job.eta() == pytest.approx(15.0)
+    job.source_done(unread_bytes=500)  # the second source was unchanged: nothing left to read
+    assert job.tokens_left() == 1000 and job.eta() == pytest.approx(2.5)
+    job.emit("embed", 50, 60, current="b.md")
+    ev = seen[-1]
+    assert ev["sources_done"] == 1 and ev["sources_total"] == 2 and ev["current"] == "b.md"
+    assert ev["rate"] == 400.0 and ev["eta_s"] == 2.5 and ev["unit"] == "tokens"
+
+
+def test_cli_add_ends_with_one_line_of_counts_and_time(tmp_path):
+    home = tmp_path / "home"
+    run_cli(["kb", "create", "Docs"], home, check=True)
+    write_notes(tmp_path / "notes", 3)
+    (tmp_path / "notes" / "only.md").write_text("# One\n\nA single short note.")
+    res = run_cli(["add", "Docs", str(tmp_path / "notes")], home)
+    assert res.returncode == 0, res.stderr
+    last = res.stdout.strip().splitlines()[-1]
+    pattern = r"4 sources: 4 added — \d+ passages embedded in \d+:\d\d(, [\d,]+ tokens/s)?"
+    assert re.fullmatch(pattern, last), last
+    one = run_cli(["add", "Docs", str(tmp_path / "notes" / "only.md")], home)
+    assert one.stdout.strip().splitlines()[-1].startswith("1 source: 1 unchanged — 0 passages embedded")
+
+
+# -- 2. a size cap per source ---------------------------------------------------------------
+def test_a_source_over_the_cap_is_refused_with_the_reason_and_the_flag_lifts_it(kb, tmp_path):
+    big = tmp_path / "big.txt"
+    big.write_text("A paragraph about storage quotas and cables. " * 200)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "big.txt").write_bytes(big.read_bytes())
+    alone = add_paths(kb, [str(big)], max_bytes=2000).sources[0]
+    assert alone.status == "failed" and alone.error["code"] == "source_too_large"
+    assert "over the 2.0 KB cap" in alone.error["message"] and "--max-size" in alone.error["message"]
+    walked = add_paths(kb, [str(folder)], max_bytes=2000).sources[0]
+    assert walked.status == "skipped" and walked.reason.startswith("too large: 9.0 KB")
+    assert kb.catalog.counts(kb.id)["chunks"] == 0
+    lifted = add_paths(kb, [str(big)], max_bytes=0).sources[0]
+    assert lifted.status == "added"
+    logged = [e["code"] for e in kb.catalog.errors(source="ingest", limit=10)[0]]
+    assert "source_too_large" in logged and "skipped" in logged
+
+
+def test_cli_max_size_flag(tmp_path):
+    home = tmp_path / "home"
+    run_cli(["kb", "create", "Docs"], home, check=True)
+    note = tmp_path / "n.txt"
+    note.write_text("Cables and quotas. " * 100)
+    capped = run_cli(["add", "Docs", str(note), "--max-size", "1KB"], home)
+    assert capped.returncode == 5 and "over the 1.0 KB cap (--max-size to lift it)" in capped.stdout
+    lifted = run_cli(["add", "Docs", str(note), "--max-size", "0"], home)
+    assert lifted.returncode == 0 and "1 added" in lifted.stdout
+    bad = run_cli(["add", "Docs", str(note), "--max-size", "lots"], home)
+    assert bad.returncode == 2 and "not a size" in bad.stderr
+
+
+# -- 3. everything accounted for --------------------------------------------------------------
+def test_a_missing_path_is_reported_and_logged(kb, tmp_path):
+    report = add_paths(kb, [str(tmp_path / "nowhere.md")])
+    assert report.sources[0].status == "failed"
+    assert report.sources[0].error["message"] == "no such file or folder"
+    errors, total = kb.catalog.errors(source="ingest")
+    assert total == 1 and errors[0]["ref"] == str(tmp_path / "nowhere.md")
+
+
+# -- 4. the unchanged path --------------------------------------------------------------------
+def test_an_unchanged_file_is_not_read_again_and_a_touched_one_only_hashed(kb, tmp_path, monkeypatch):
+    notes = write_notes(tmp_path / "notes", 5)
+    first = add_paths(kb, [str(tmp_path / "notes")])
+    assert first.totals()["by_status"]["added"] == 5
+    opened: list[str] = []
+    hashed: list[str] = []
+    real_open, real_hash = pipeline.open_file, pipeline.hash_file
+    monkeypatch.setattr(pipeline, "open_file", lambda p, **kw: (opened.append(p.name), real_open(p, **kw))[1])
+    monkeypatch.setattr(pipeline, "hash_file", lambda p: (hashed.append(p.name), real_hash(p))[1])
+    again = add_paths(kb, [str(tmp_path / "notes")])
+    assert again.totals()["by_status"]["unchanged"] == 5
+    assert opened == [] and hashed == []  # size and mtime matched: not even read
+    os.utime(notes[0], ns=(time.time_ns(), time.time_ns() + 5_000_000_000))
+    touched = add_paths(kb, [str(tmp_path / "notes")])
+    assert touched.totals()["by_status"]["unchanged"] == 5
+    assert opened == [] and hashed == [notes[0].name]  # hashed once, never extracted
+    hashed.clear()
+    add_paths(kb, [str(tmp_path / "notes")])
+    assert hashed == []  # the new mtime was remembered
+    notes[1].write_text(notes[1].read_text() + "\n\nA new closing paragraph about the red box.\n")
+    edited = add_paths(kb, [str(tmp_path / "notes")])
+    assert opened == [notes[1].name]
+    assert edited.totals()["by_status"] == {"added": 0, "updated": 1, "unchanged": 4, "partial": 0,
+                                            "skipped": 0, "failed": 0}
+
+
+def test_an_unchanged_re_add_never_touches_the_model(store, tmp_path, monkeypatch):
+    store.create_kb("Docs")
+    write_notes(tmp_path / "notes", 4)
+    add_paths(store.open_kb("Docs"), [str(tmp_path / "notes")])
+    store.close()
+    from localkb.store.kb import Store
+
+    fresh = Store(store.settings)  # a new process, in effect: no embedder chosen yet
+
+    def no_model(*_a, **_k):
+        raise AssertionError("choosing the model checks its files' hashes: not needed here")
+
+    monkeypatch.setattr(fresh.models, "get", no_model)
+    report = add_paths(fresh.open_kb("Docs"), [str(tmp_path / "notes")])
+    assert report.totals()["by_status"]["unchanged"] == 4
+    fresh.close()
+
+
+def test_a_second_add_of_the_same_folder_waits_and_embeds_nothing_twice(tmp_path):
+    home = tmp_path / "home"
+    run_cli(["kb", "create", "Docs"], home, check=True)
+    write_notes(tmp_path / "notes", 30, paragraphs=8)
+    env = {**os.environ, "LOCALKB_HOME": str(home)}
+    cmd = [sys.executable, "-m", "localkb", "add", "Docs", str(tmp_path / "notes"), "--json"]
+    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    reports = [json.loads(o[0]) for o in outs]
+    stored = rows(home, "SELECT COUNT(*) FROM chunks")[0][0]
+    assert sum(r["passages"] for r in reports) == stored  # every passage embedded exactly once
+    for r in reports:
+        by = r["totals"]["by_status"]
+        assert by["added"] + by["unchanged"] == 30
+    assert sum(r["totals"]["by_status"]["added"] for r in reports) == 30
+    assert json.loads(run_cli(["doctor", "--json"], home).stdout)["clean"]
+
+
+# -- 6. Ctrl-C --------------------------------------------------------------------------------
+def test_ctrl_c_stops_at_a_safe_point_and_says_what_was_kept(tmp_path):
+    home = tmp_path / "home"
+    run_cli(["kb", "create", "Docs"], home, check=True)
+    write_notes(tmp_path / "notes", 40, paragraphs=10)
+    env = {**os.environ, "LOCALKB_HOME": str(home), "LOCALKB_INGEST_BATCH_TOKENS": "1024"}
+    proc = subprocess.Popen([sys.executable, "-m", "localkb", "add", "Docs", str(tmp_path / "notes")],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if (home / "catalog.sqlite").exists() and rows(home, "SELECT COUNT(*) FROM sources")[0][0] >= 3:
+            break
+        time.sleep(0.1)
+    assert proc.poll() is None, "the add finished before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, (out, err)
+    kept = rows(home, "SELECT COUNT(*) FROM sources")[0][0]
+    assert 3 <= kept < 40
+    assert f"interrupted: kept {kept} of 40 sources; run the same command to finish" in out
+    assert "Traceback" not in err
+    chunks = rows(home, "SELECT COUNT(*) FROM chunks")[0][0]
+    assert chunks == rows(home, "SELECT SUM(chunk_count) FROM sources")[0][0]
+    assert json.loads(run_cli(["doctor", "--json"], home).stdout)["clean"]
+    again = json.loads(run_cli(["add", "Docs", str(tmp_path / "notes"), "--json"], home).stdout)
+    by = again["totals"]["by_status"]
+    assert by["unchanged"] == kept and by["added"] == 40 - kept
