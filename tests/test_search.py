@@ -14,7 +14,8 @@ from localkb.ingest.pipeline import add_document, ingest_documents
 from localkb.retrieval.evaluate import run_eval
 from localkb.retrieval.hybrid import rrf
 from localkb.retrieval.search import Searcher, fetch_k, keyword_weight, status_line
-from localkb.store.keywords import KeywordHit, KeywordIndex, query_terms
+from localkb.store.analysis import query_terms
+from localkb.store.keywords import KeywordHit, KeywordIndex
 
 CODES = REPO / "evals" / "codes"
 
@@ -58,7 +59,7 @@ def test_exact_code_never_matches_its_near_twin(store, docs_kb):
 
 
 def test_a_code_part_still_finds_the_compound():
-    from localkb.store.keywords import index_terms
+    from localkb.store.analysis import index_terms
 
     assert index_terms("e-mail")[0] == "e-mail" and "mail" in index_terms("e-mail")
     assert index_terms("ERR_4521")[:1] == ("err_4521",)

@@ -195,6 +195,10 @@ def explain_table(res) -> str:
             name = next((s.kb_name for s in res.statuses if s.kb == kb_id), kb_id)
             lines.append(f"lists ({name}): " + ", ".join(
                 f"{n} {t['candidates'].get(n, 0)} at weight {w:g}" for n, w in t["weights"].items()))
+        if t.get("exact"):
+            name = next((s.kb_name for s in res.statuses if s.kb == kb_id), kb_id)
+            lines.append(f"exact terms ({name}): " + ", ".join(
+                f"{term} {how}" for term, how in t["exact"].items()))
     lines += [f"{'cos':>6} {'fused':>6} {'bm25':>7} {'terms':>5}  {'lists':15} {'':3} passage"]
     drawn = False
     for h in rows:
