@@ -262,7 +262,8 @@ def cmd_eval(args, out: Out) -> int:
     from localkb.retrieval.evaluate import format_table, run_eval
 
     res = run_eval(args.path, modes=args.modes, model=args.model, k=args.k,
-                   rerank_model=args.rerank_model, limit_queries=args.limit_queries)
+                   rerank_model=args.rerank_model, limit_queries=args.limit_queries,
+                   baseline=args.baseline, split=args.split)
     out.emit(res, lambda: format_table(res))
     return 0
 
@@ -678,6 +679,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-k", type=int, default=10)
     c.add_argument("--rerank-model", default=None)
     c.add_argument("--limit-queries", type=int, default=None)
+    c.add_argument("--baseline", choices=["bm25"], default=None,
+                   help="also score plain BM25 over whole pages (rank-bm25, \\w+ tokens)")
+    c.add_argument("--split", default="test", help="the qrels file to score (qrels/SPLIT.tsv)")
     c.set_defaults(func=cmd_eval)
     c = sub.add_parser("log", parents=[common], help="the query log")
     c.add_argument("--limit", type=int, default=20)
