@@ -137,17 +137,8 @@ def test_per_source_results_fill_k(store, kb):
     assert res.trace["kbs"][kb.id]["fetched"] > 32
 
 
-SPHINX = """<html><head><title>Coroutines and Tasks — Python 3.11 documentation</title></head><body>
-<div class="body"><section id="coroutines-and-tasks">
-<h1>Coroutines and Tasks<a class="headerlink" href="#coroutines-and-tasks" title="Permalink to this headline">¶</a></h1>
-<p>{filler}</p>
-<dl class="py class"><dt class="sig sig-object py" id="asyncio.Task">
-<em class="property"><span class="pre">class</span> </em><span class="sig-prename descclassname"><span class="pre">asyncio.</span></span><span class="sig-name descname"><span class="pre">Task</span></span><span class="sig-paren">(</span><em class="sig-param">coro</em><span class="sig-paren">)</span><a class="headerlink" href="#asyncio.Task" title="Permalink to this definition">¶</a></dt>
-<dd><p>A Future-like object that runs a Python coroutine.</p>
-<dl class="py method"><dt class="sig sig-object py" id="asyncio.Task.done">
-<span class="sig-name descname"><span class="pre">done</span></span><span class="sig-paren">(</span><span class="sig-paren">)</span><a class="headerlink" href="#asyncio.Task.done" title="Permalink to this definition">¶</a></dt>
-<dd><p>Return <code>True</code> if the Task is <em>done</em>. A Task is done when the wrapped coroutine either returned a value, raised an exception, or the Task was cancelled.</p></dd></dl>
-</dd></dl></section></div></body></html>"""
+#: A Sphinx page in the shape of Python's asyncio-task.html (method signatures inside a class).
+SPHINX = (REPO / "tests" / "data" / "sphinx-task.html").read_text(encoding="utf-8")
 
 
 def test_doc_pages_keep_definitions_together_and_lose_their_permalink_marks(kb):
@@ -201,3 +192,48 @@ def test_the_bundled_samples_never_pass_a_near_twin_off_as_a_passage(tmp_path):
     found = json.loads(run_cli(["search", "Demo", "what changed in v2.3", "--json"], home).stdout)
     assert found["statuses"][0]["status"] == "passages"
     assert "Version 2.3" in found["hits"][0]["text"]
+
+
+def test_words_in_most_passages_cannot_swing_a_clear_vector_first(store, kb):
+    """The held-out paraphrase: vector puts the TLS page first; the keyword list held only
+    pages sharing "connection" and "set", words of almost every page here, and at full
+    weight (two shared terms) its vote moved one of them above the TLS page."""
+    add(kb, "tls", "TLS handshake with the secrets store",
+        "When the client fails to negotiate TLS with the key server, the handshake fails: renew "
+        "the client certificate and check that the server's CA is trusted.")
+    for topic in ("mail", "calendar", "chat", "wiki", "badge", "laptop", "phone", "scanner"):
+        add(kb, topic, f"{topic.title()} guide",
+            f"How to set up the {topic}: set up the connection in the {topic} app, then sign in. "
+            f"The {topic} connection is set up once per device.")
+    res = search(store, "the secure connection to the vault cannot be set up", floor=False)
+    assert res.hits[0].title == "TLS handshake with the secrets store", [
+        (h.title, h.score, h.lists) for h in res.hits[:3]]
+    assert res.trace["kbs"][kb.id]["weights"]["keyword"] == 0.0
+
+
+def test_keyword_weight_does_not_count_words_most_passages_hold():
+    from localkb.retrieval.search import keyword_weight
+    from localkb.store.keywords import KeywordHit
+
+    hit = KeywordHit("c", 1.0, frozenset({"connect", "set"}))
+    assert keyword_weight([hit], 4) == 1.0  # two shared terms: co-occurrence counts in full
+    assert keyword_weight([hit], 4, frozenset({"connect", "set"})) == 0.0  # ... unless both are common
+    assert keyword_weight([hit], 4, frozenset({"set"})) == pytest.approx(2 / 3)
+    assert keyword_weight([hit], 2, frozenset({"connect", "set"})) == 1.0  # nothing left to judge by
+
+
+PGDOCS = REPO / "evals" / "pgdocs" / "sample"
+
+
+def test_real_docs_sample_meets_its_targets():
+    """PostgreSQL manual pages judged by the manual's own index (evals/pgdocs/build.py --sample)."""
+    from localkb.retrieval.evaluate import run_eval
+
+    res = run_eval(PGDOCS, baseline="bm25")
+    assert res["failed_documents"] == [] and res["absent_queries"] >= 30
+    for mode in ("vector", "keyword", "hybrid"):
+        assert res["modes"][mode]["absent_reported"] == 0, (mode, res["modes"][mode]["absent_wrong"])
+    ident = {m: res["modes"][m]["by_kind"]["identifier"] for m in ("bm25", "keyword", "hybrid")}
+    # Measured 0.974 (37 of 38; recall@1 of a query with two judged pages is at most 0.5).
+    assert ident["hybrid"]["recall@1"] >= 0.95, ident
+    assert ident["keyword"]["ndcg@10"] >= ident["bm25"]["ndcg@10"], ident

@@ -42,7 +42,8 @@ def fetch_k(k: int) -> int:
     return min(200, max(k, 4 * k, 20))
 
 
-def keyword_weight(hits: Sequence[KeywordHit], n_terms: int) -> float:
+def keyword_weight(hits: Sequence[KeywordHit], n_terms: int,
+                   common: frozenset[str] = frozenset()) -> float:
     """The keyword list's weight in the fusion: 1 when its best hit shares two query terms or half of them.
 
     With one shared word (of three or more), the list is evidence of that word, not of
@@ -51,10 +52,20 @@ def keyword_weight(hits: Sequence[KeywordHit], n_terms: int) -> float:
     Two shared words already rank by co-occurrence, which is evidence; requiring half
     of a long question's terms (SciFact claims have up to 12) muted the keyword list
     exactly where 96-token passages hold only part of them.
+
+    ``common`` are the query terms found in at least half of the knowledge base's
+    passages: their Robertson-Spärck Jones weight, ``log((N - df + 0.5) / (df + 0.5))``,
+    is zero or below, so sharing them is no evidence and they are not counted at all.
+    Under RRF any vote from a list can reorder two neighbours of another (their scores
+    differ by about ``1/(60 + r)²``), so the only way two weak words cannot swing the
+    result is for them not to vote.
     """
     if not hits or n_terms <= 0:
         return 1.0
-    best = max(h.matched for h in hits)
+    n_terms -= len(common)
+    if n_terms <= 0:
+        return 1.0  # every word is common: nothing tells one list from the other
+    best = max(len(h.terms - common) for h in hits)
     if best >= FULL_WEIGHT_TERMS:
         return 1.0
     return min(1.0, 2 * best / n_terms)
@@ -511,7 +522,9 @@ class Searcher:
                 if held or extra & h.terms:
                     h.terms = (h.terms - extra) | held
             got.lists["keyword"] = [vector_key(h.chunk_id) for h in khits]
-            got.weights["keyword"] = keyword_weight(khits, len(terms))
+            n = ki.doc_count()
+            common = frozenset(t for t in terms if 2 * ki.doc_frequency(t) >= n) if khits else frozenset()
+            got.weights["keyword"] = keyword_weight(khits, len(terms), common)
             got.bm25.update((vector_key(h.chunk_id), (h.bm25, h.matched)) for h in khits)
             codes = {m.term.term for m in found if m.how in ("whole", "backoff")}
             if codes:
