@@ -237,3 +237,23 @@ def test_real_docs_sample_meets_its_targets():
     # Measured 0.974 (37 of 38; recall@1 of a query with two judged pages is at most 0.5).
     assert ident["hybrid"]["recall@1"] >= 0.95, ident
     assert ident["keyword"]["ndcg@10"] >= ident["bm25"]["ndcg@10"], ident
+
+
+def test_every_absent_query_really_is_absent():
+    """The eval's "absent" names are checked against the pages, not assumed (build.py drops any found)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pgdocs_build", REPO / "evals" / "pgdocs" / "build.py")
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    pages = [json.loads(line) for line in (PGDOCS / "corpus.jsonl").read_text().splitlines()]
+    absent = [q for q in map(json.loads, (PGDOCS / "queries.jsonl").read_text().splitlines())
+              if q["kind"] == "absent"]
+    assert len(absent) >= 30
+    for q in absent:
+        pattern = build.absent_pattern(q["text"])
+        assert not any(pattern.search(p["text"]) or pattern.search(p["html"]) for p in pages), q
+    assert build.absent_pattern("jsonb_set").search("see JSONB SET and jsonb_set_lax") is not None
+    # It errs towards "present": a longer name holding the parts counts too, a longer word not.
+    assert build.absent_pattern("jsonb_set").search("jsonb_set_lax only") is not None
+    assert build.absent_pattern("jsonb_set").search("jsonb_setting") is None

@@ -150,13 +150,16 @@ class TermMatch:
             return f"as {self.via}"
         return {"unchecked": "not checked"}.get(self.how, self.how)
 
-    def held_by(self, chunk_id: str, title: str | None, text: str) -> bool:
-        """Whether one passage holds the term (whole, or through the back-off that found it)."""
+    def held_by(self, chunk_id: str, terms: frozenset[str] | None) -> bool:
+        """Whether one passage holds the term (whole, or through the back-off that found it).
+
+        ``terms``: the passage's indexed terms, or those of them the keyword search matched.
+        """
         if chunk_id in self.chunks:
             return True
         if self.how != "whole":
             return self.how == "unchecked"
-        return any(t == self.term.term for t, _ in analyze(passage_text(title, text)))
+        return terms is not None and self.term.term in terms
 
 
 def find_exact_terms(kb: KnowledgeBase, ki: KeywordIndex, plan: QueryPlan) -> list[TermMatch]:
@@ -206,6 +209,8 @@ class Candidates:
     qvec: np.ndarray | None = None
     embed_error: LocalKBError | None = None
     saturated: bool = False  # some list returned all it was asked for: there may be more
+    terms: dict[int, frozenset[str]] = field(default_factory=dict)  # query terms each keyword hit holds
+    keyword_complete: bool = False  # the keyword list holds every passage with a query term
 
 
 @dataclass
@@ -464,8 +469,8 @@ class Searcher:
                     or (h.cosine is not None and h.cosine >= cutoff - WEAK_BAND)
                     or (h.cosine is None and h.matched_terms > 0)]
             if band:
-                status = KBStatus(kb.id, name, "weaker", weaker=len(band), **common)
-                below = band
+                below = band[:k]
+                status = KBStatus(kb.id, name, "weaker", weaker=len(below), **common)
             else:
                 status = KBStatus(kb.id, name, "nothing", **common)
                 below = below[:k]
@@ -515,6 +520,7 @@ class Searcher:
                 kb.catalog.log_error("rag-retrieval", err.code, str(err), kb_id=kb.id)
                 t["keyword_error"] = str(err)
             got.saturated |= len(khits) >= want
+            got.keyword_complete = len(khits) < want and "keyword_error" not in t
             for h in khits:
                 # A passage found through an exact term's back-off holds that term (and its
                 # back-off forms count as that one term, not as more).
@@ -526,6 +532,7 @@ class Searcher:
             common = frozenset(t for t in terms if 2 * ki.doc_frequency(t) >= n) if khits else frozenset()
             got.weights["keyword"] = keyword_weight(khits, len(terms), common)
             got.bm25.update((vector_key(h.chunk_id), (h.bm25, h.matched)) for h in khits)
+            got.terms.update((vector_key(h.chunk_id), h.terms) for h in khits)
             codes = {m.term.term for m in found if m.how in ("whole", "backoff")}
             if codes:
                 # Exact terms get a list of their own: passages holding them (whole or through
@@ -571,8 +578,11 @@ class Searcher:
             if wanted:
                 # A question naming something: a passage that names it all counts, one above
                 # the floor counts if it names part of it, and one that names none of it never.
-                lacks += [m.term.text for m in wanted
-                          if not m.held_by(row["id"], row["title"], row["text"])]
+                terms = got.terms.get(key)
+                if terms is None and not got.keyword_complete:
+                    # Not among the keyword hits that were fetched: read the passage itself.
+                    terms = frozenset(t for t, _ in analyze(passage_text(row["title"], row["text"])))
+                lacks += [m.term.text for m in wanted if not m.held_by(row["id"], terms)]
                 held = len(wanted) - (len(lacks) - len(missing))
                 counts = held == len(wanted) or (counts and held > 0)
             hits.append(Hit(
