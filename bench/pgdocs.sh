@@ -12,4 +12,4 @@ set_dir="${PGDOCS_SET:-${TMPDIR:-/tmp}/localkb-pgdocs}"
 if [ ! -f "$set_dir/corpus.jsonl" ]; then
   "$py" "$here/evals/pgdocs/build.py" "$set_dir" --manual "$manual"
 fi
-exec "$py" -m localkb eval "$set_dir" --baseline bm25 "$@"
+exec "$py" -m localkb eval "$set_dir" --baseline bm25 --index-dir "${PGDOCS_INDEX:-$set_dir.index}" "$@"

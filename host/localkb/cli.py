@@ -263,7 +263,7 @@ def cmd_eval(args, out: Out) -> int:
 
     res = run_eval(args.path, modes=args.modes, model=args.model, k=args.k,
                    rerank_model=args.rerank_model, limit_queries=args.limit_queries,
-                   baseline=args.baseline, split=args.split)
+                   baseline=args.baseline, split=args.split, index_dir=args.index_dir)
     out.emit(res, lambda: format_table(res))
     return 0
 
@@ -682,6 +682,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--baseline", choices=["bm25"], default=None,
                    help="also score plain BM25 over whole pages (rank-bm25, \\w+ tokens)")
     c.add_argument("--split", default="test", help="the qrels file to score (qrels/SPLIT.tsv)")
+    c.add_argument("--index-dir", default=None,
+                   help="keep the index there; a later run on the same set reuses it")
     c.set_defaults(func=cmd_eval)
     c = sub.add_parser("log", parents=[common], help="the query log")
     c.add_argument("--limit", type=int, default=20)
