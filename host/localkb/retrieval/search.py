@@ -576,15 +576,15 @@ class Searcher:
             counts = keyword_match or (cos is not None and cos >= cutoff)
             lacks = list(missing)
             if wanted:
-                # A question naming something: a passage that names it all counts, one above
-                # the floor counts if it names part of it, and one that names none of it never.
+                # A question naming something: a passage above the floor counts only if it
+                # names some of it; one that names none of it is a weaker match at best.
                 terms = got.terms.get(key)
                 if terms is None and not got.keyword_complete:
                     # Not among the keyword hits that were fetched: read the passage itself.
                     terms = frozenset(t for t, _ in analyze(passage_text(row["title"], row["text"])))
                 lacks += [m.term.text for m in wanted if not m.held_by(row["id"], terms)]
                 held = len(wanted) - (len(lacks) - len(missing))
-                counts = held == len(wanted) or (counts and held > 0)
+                counts = counts and held > 0
             hits.append(Hit(
                 kb=kb.id, kb_name=name, chunk_id=row["id"], source_id=row["source_id"],
                 title=row["title"], url=row["url"], file_name=row["file_name"],

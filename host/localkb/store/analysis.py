@@ -233,7 +233,10 @@ def backoff(token: str) -> tuple[Alternative, ...]:
         return ()
     parts = _parts(token)
     out: list[Alternative] = []
-    if len(parts) >= 2:
+    # The parts as a phrase: ``ERR 4521`` for ``ERR_4521``; not for words joined by ``_`` or
+    # ``-`` alone, whose parts in a row are ordinary prose ("sync replication slot" is not
+    # ``sync_replication_slots``, and the stemmed parts could not tell ``slot`` from ``slots``).
+    if len(parts) >= 2 and (any(c.isdigit() for c in token) or len(component_starts(token)) > 1):
         out.append(Alternative(tuple(parts), (), " ".join(_JOINERS.split(token))))
     starts = component_starts(token)
     if 2 <= len(starts) <= MAX_COMPONENTS:
