@@ -595,19 +595,19 @@ def cmd_chat(args, out: Out) -> int:
 
 
 def cmd_config_endpoint(args, out: Out) -> int:
-    from localkb.answer.llm import Endpoint, LLMConfig, load_config, save_config
+    from localkb.answer.llm import LLMConfig, load_config, merge_endpoint, save_config
 
     root = Settings.from_env().data_dir
     config = load_config(root)
     endpoints = list(config.endpoints)
     default = config.default_endpoint
+    note = None
     if args.action == "add":
         key = sys.stdin.readline().strip() if args.api_key_stdin else None
-        old = next((e for e in endpoints if e.name == args.name), None)
-        endpoint = Endpoint.from_dict({
+        endpoint, note = merge_endpoint(config, {
             "name": args.name, "base_url": args.base_url, "model": args.model,
             "api_key_env": args.api_key_env, "mark_cloud": args.mark_cloud,
-            "api_key": key if key else (old.api_key if old else None)})
+            **({"api_key": key} if key else {})})
         endpoints = [e for e in endpoints if e.name != args.name] + [endpoint]
         if args.default or default is None:
             default = endpoint.name
@@ -631,12 +631,15 @@ def cmd_config_endpoint(args, out: Out) -> int:
         for e in shown["endpoints"]:
             mark = "*" if e["name"] == shown["default_endpoint"] else " "
             key = "key set" if e["api_key_set"] else "no key"
-            lines.append(f"{mark} {e['name']:16} {e['location']:6} {e['model']:24} {e['base_url']} ({key})")
+            where = e["location"] or "unknown (treated as cloud)"
+            lines.append(f"{mark} {e['name']:16} {where:6} {e['model']:24} {e['base_url']} ({key})")
         if shown["default_endpoint"] is None:
             lines.append("no default: answers are extractive unless --endpoint is given")
+        if note:
+            lines.append(f"note: {note} (--api-key-stdin)")
         return "\n".join(lines)
 
-    out.emit(shown, text)
+    out.emit({**shown, "notes": [note] if note else []}, text)
     return 0
 
 

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from localkb.answer.llm import DEFAULT_TIMEOUTS, Endpoint, Timeouts, ToolCall, stream_chat, stream_chat_events
-from localkb.answer.privacy import GateResult, allowed_knowledge_bases, endpoint_location
+from localkb.answer.privacy import GateResult, Placement, allowed_knowledge_bases, locate
 from localkb.errors import Cancelled, InvalidInput, LLMUnavailable, LocalKBError
 from localkb.retrieval.search import Hit, KBStatus, Reranker, Searcher, names_phrase, summary_line
 from localkb.store.catalog import Catalog, KBRecord
@@ -242,6 +242,7 @@ def rewrite_query(
     *,
     timeout: float = REWRITE_TIMEOUT_S,
     cancel: threading.Event | None = None,
+    placement: Placement | None = None,
 ) -> Rewrite:
     """Make a follow-up standalone; anything else is searched as typed.
 
@@ -262,7 +263,8 @@ def rewrite_query(
         return done(message, "none")
     reason = "no model is configured"
     if endpoint is not None:
-        turns, provenance = gated_history(store, endpoint, earlier)
+        placement = placement if placement is not None else locate(endpoint)
+        turns, provenance = gated_history(store, endpoint, earlier, placement)
         convo = "\n".join(f"{t['role']}: {t['content']}" for t in turns)
         prompt = [
             {"role": "system", "content": (
@@ -276,6 +278,7 @@ def rewrite_query(
             with _deadline(cancel, timeout) as stop:
                 text = "".join(stream_chat(
                     endpoint, prompt, cancel=stop, max_tokens=100, temperature=0.0,
+                    placement=placement,
                     timeout=Timeouts(connect=min(timeout, DEFAULT_TIMEOUTS.connect), read=timeout)))
             query = _clean_rewrite(text)
             if query:
@@ -305,8 +308,8 @@ class _Unknown:
     privacy: str = "device"
 
 
-def gated_history(store: Store | None, endpoint: Endpoint | None,
-                  turns: Sequence[Turn]) -> tuple[list[dict[str, str]], set[str]]:
+def gated_history(store: Store | None, endpoint: Endpoint | None, turns: Sequence[Turn],
+                  placement: Placement | None = None) -> tuple[list[dict[str, str]], set[str]]:
     """The earlier turns that may reach ``endpoint``, and the provenance of those that do.
 
     User turns always go (they are the user's own words). An assistant turn goes only when every
@@ -324,7 +327,7 @@ def gated_history(store: Store | None, endpoint: Endpoint | None,
                 refs.append(rec or _Unknown(id=kb_id))
             if turn.kbs is None:
                 refs.append(_Unknown())
-            if allowed_knowledge_bases(endpoint, refs).skipped:
+            if allowed_knowledge_bases(endpoint, refs, placement=placement).skipped:
                 continue
             provenance.update(str(r.id) for r in refs)
         out.append({"role": turn.role, "content": turn.content})
@@ -766,19 +769,24 @@ def run_turn(
         rec = store.resolve(ref)
         if rec.id not in {r.id for r in records}:
             records.append(rec)
-    location = endpoint_location(endpoint)
+    # Where the model runs is decided once, by address, for the whole turn: every gate below
+    # and every request to the model use this one decision (the client connects an on-device
+    # verdict only to the addresses it was made on).
+    placement = locate(endpoint)
+    location = placement.location
     model = ({"name": endpoint.name, "model": endpoint.model, "location": location}
              if endpoint is not None else None)
     weaker_ids = tuple(sorted({store.resolve(ref).id for ref in options.weaker_kbs}))
 
     # The gate, before anything is sent anywhere (strict raises here).
-    gate: GateResult = allowed_knowledge_bases(endpoint, records, strict=options.strict)
+    gate: GateResult = allowed_knowledge_bases(endpoint, records, strict=options.strict,
+                                               placement=placement)
     allowed: list[KBRecord] = list(gate.allowed)  # type: ignore[arg-type]
     skipped = [(s.kb.id, s.kb.name, s.reason) for s in gate.skipped]
     _cancelled(cancel)
 
     rewrite = rewrite_query(message, history, endpoint, store, timeout=options.rewrite_timeout,
-                            cancel=cancel)
+                            cancel=cancel, placement=placement)
     query = rewrite.query
     _cancelled(cancel)
 
@@ -887,14 +895,16 @@ def run_turn(
     if tools_offered:
         # The write targets pass the same gate: a device knowledge base is never even named
         # to a cloud model.
-        targets = list(allowed_knowledge_bases(endpoint, store.kbs()).allowed)  # type: ignore[arg-type]
+        targets = list(allowed_knowledge_bases(  # type: ignore[arg-type]
+            endpoint, store.kbs(), placement=placement).allowed)
     # No passages, no model call (nothing to ground an answer in), unless the user asked to
     # save something: that needs the model whatever the search found.
     # What reached a prompt of this turn, and so what its answer may restate: the rewrite's
     # history, then the chat prompt's passages and history (added below).
     provenance = set(rewrite.provenance)
     if endpoint is not None and (passages or (tools_offered and targets)):
-        prompt_history, sent = gated_history(store, endpoint, list(history)[-HISTORY_TURNS:])
+        prompt_history, sent = gated_history(store, endpoint, list(history)[-HISTORY_TURNS:],
+                                             placement)
         provenance |= sent
         messages = build_messages(
             message, passages, contexts=[passage_context(store.catalog, h) for h in passages],
@@ -908,7 +918,8 @@ def run_turn(
             # makes anyway (prompted by a passage) is reported as refused, never lost silently.
             tools = [_tool_spec(targets)] if tools_offered and targets else []
             stream = stream_chat_events(endpoint, messages, tools=tools, timeout=options.timeouts,
-                                        cancel=cancel, max_tokens=options.max_tokens)
+                                        cancel=cancel, max_tokens=options.max_tokens,
+                                        placement=placement)
             for piece in stream:
                 if isinstance(piece, ToolCall):
                     calls.append(piece)

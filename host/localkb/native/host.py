@@ -36,6 +36,7 @@ from localkb import PROTOCOL_VERSION, __version__
 from localkb.config import Settings
 from localkb.errors import Cancelled, LocalKBError, ProtocolError
 from localkb.native import protocol
+from localkb.redact import redact
 
 EXIT_OK = 0
 EXIT_UNTRUSTED = 3
@@ -266,11 +267,18 @@ def serve(
     return code
 
 
+class _RedactingFormatter(logging.Formatter):
+    """Log lines (tracebacks included) with bearer tokens and ``sk-`` keys masked."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
+
+
 def setup_logging(data_dir: Path) -> logging.Logger:
     """Log to ``<data_dir>/logs/host.log`` (rotated) and to stderr; return the logger."""
     logger = logging.getLogger(LOGGER_NAME)
     logger.setLevel(logging.INFO)
-    fmt = logging.Formatter("%(asctime)s %(process)d %(threadName)s %(levelname)s %(message)s")
+    fmt = _RedactingFormatter("%(asctime)s %(process)d %(threadName)s %(levelname)s %(message)s")
     log_file = (Path(data_dir) / "logs" / "host.log").resolve()
     have = {getattr(h, "baseFilename", None) for h in logger.handlers}
     file_problem = None
