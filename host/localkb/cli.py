@@ -960,6 +960,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from localkb.perms import private_umask
+
+    private_umask()  # the data dir and everything in it: 0700 / 0600, whatever the umask
     parser = build_parser()
     args = parser.parse_args(argv)
     out = Out(getattr(args, "json", False))

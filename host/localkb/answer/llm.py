@@ -35,6 +35,7 @@ import httpx
 
 from localkb.answer.privacy import Placement, endpoint_target, is_loopback_address, locate
 from localkb.errors import Cancelled, InvalidInput, LLMUnavailable, NotFound
+from localkb.perms import private_dir
 from localkb.redact import redact
 
 CONFIG_FILE = "config.json"
@@ -265,8 +266,7 @@ def save_config(data_dir: Path, config: LLMConfig) -> None:
     is kept as it was. Other top-level keys of the file (settings owned by other parts of the
     host) are kept.
     """
-    directory = Path(data_dir)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = private_dir(Path(data_dir))
     path = directory / CONFIG_FILE
     data = _read_config_json(path)
     before = {(e.get("name"), e.get("base_url")) for e in data.get("endpoints") or []

@@ -36,6 +36,7 @@ from localkb import PROTOCOL_VERSION, __version__
 from localkb.config import Settings
 from localkb.errors import Cancelled, LocalKBError, ProtocolError
 from localkb.native import protocol
+from localkb.perms import private_dir, private_umask, tighten
 from localkb.redact import redact
 
 EXIT_OK = 0
@@ -284,7 +285,7 @@ def setup_logging(data_dir: Path) -> logging.Logger:
     file_problem = None
     if str(log_file) not in have:
         try:
-            log_file.parent.mkdir(parents=True, exist_ok=True)
+            private_dir(log_file.parent)
             file_handler = logging.handlers.RotatingFileHandler(
                 log_file, maxBytes=2 * 1024 * 1024, backupCount=3, encoding="utf-8"
             )
@@ -335,8 +336,11 @@ def main(argv: Sequence[str] | None = None, *, handlers: Mapping[str, Handler] |
     frames_out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    log = setup_logging(Settings.from_env().data_dir)
+    private_umask()  # every file this process creates is the user's alone (0600 / 0700)
+    data_dir = Settings.from_env().data_dir
+    log = setup_logging(data_dir)
     log.info("started by %r", list(argv or []))
+    tighten(data_dir)
     table = handlers if handlers is not None else _default_handlers(log)
     try:
         return serve(sys.stdin.buffer, frames_out, table, log=log)

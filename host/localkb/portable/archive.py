@@ -52,6 +52,7 @@ from localkb import __version__
 from localkb.embedding.embedder import MODELS
 from localkb.errors import Conflict, InvalidArchive, InvalidInput
 from localkb.ingest.chunk import passage_text
+from localkb.perms import private_dir
 from localkb.portable import envelope
 from localkb.store.catalog import chunk_id, source_id, vector_blob, vector_key
 from localkb.store.kb import PRIVACY, Change, KnowledgeBase, Store, _check_name
@@ -652,7 +653,7 @@ class Uploads:
         atexit.register(self.drop_all)
 
     def begin(self) -> str:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.dir)
         self._sweep()
         upload = "up_" + uuid.uuid4().hex[:16]
         path = self.dir / f"{upload}.part"

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from localkb.errors import StoreError
+from localkb.perms import private_dir
 
 if TYPE_CHECKING:
     import numpy as np
@@ -160,7 +161,7 @@ class Catalog:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._local = threading.local()
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
         try:
             self.db.executescript(SCHEMA)  # executescript commits on its own; the DDL is idempotent
             self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",

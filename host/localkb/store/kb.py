@@ -32,6 +32,7 @@ from localkb.errors import (
 )
 from localkb.ingest.chunk import passage_text
 from localkb.locks import FileLock
+from localkb.perms import private_dir, tighten
 from localkb.store.catalog import Catalog, KBRecord, blob_vector, valid_vector
 from localkb.store.keywords import KeywordIndex
 from localkb.store.vectors import VectorIndex
@@ -60,7 +61,10 @@ class Store:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.root = settings.data_dir
-        self.root.mkdir(parents=True, exist_ok=True)
+        # The user's alone: 0700, and anything an older version (or a looser umask) left
+        # readable by others is tightened now, before the catalogue is read.
+        private_dir(self.root)
+        tighten(self.root)
         self.catalog = Catalog(self.root / "catalog.sqlite")
         self.lock = FileLock(self.root / "store.lock")
         self.models = EmbedderRegistry(settings)
