@@ -37,6 +37,7 @@ from localkb.answer.privacy import Placement, endpoint_target, is_loopback_addre
 from localkb.errors import Cancelled, InvalidInput, LLMUnavailable, NotFound
 from localkb.perms import private_dir
 from localkb.redact import redact
+from localkb.strings import clean_name
 
 CONFIG_FILE = "config.json"
 _CONFIG_MODE = 0o600
@@ -135,6 +136,8 @@ class Endpoint:
         name = data.get("name")
         if not isinstance(name, str) or not _NAME_RE.match(name) or not name.strip():
             raise InvalidInput(f"endpoint name must be 1-100 printable characters, got {name!r}")
+        if not stored:
+            name = clean_name(name, what="an endpoint name", max_len=100)
         base_url = data.get("base_url")
         if not isinstance(base_url, str) or not base_url.strip():
             raise InvalidInput(f"endpoint {name!r}: base_url must be a non-empty string")

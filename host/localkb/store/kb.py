@@ -9,11 +9,11 @@ search never runs on a stale or partial index without saying so.
 
 from __future__ import annotations
 
-import re
 import shutil
 import sqlite3
 import threading
 import time
+import unicodedata
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -36,12 +36,12 @@ from localkb.perms import private_dir, tighten
 from localkb.store.catalog import Catalog, KBRecord, blob_vector, valid_vector
 from localkb.store.keywords import KeywordIndex
 from localkb.store.vectors import VectorIndex
+from localkb.strings import clean_name, string_problem
 
 PRIVACY = ("device", "cloud")
 #: Chunks read at a time when the derived indexes catch up with a write, and per keyword commit.
 APPLY_SLICE = 2048
 APPLY_COMMIT = 8192
-_NAME = re.compile(r"^[^\x00-\x1f/\\]{1,80}$")
 
 
 @dataclass
@@ -79,7 +79,8 @@ class Store:
         """A knowledge base by id or by name (case-insensitive)."""
         if not isinstance(ref, str) or not ref:
             raise InvalidInput("a knowledge base id or name is required")
-        rec = self.catalog.kb(ref) or self.catalog.kb_by_name(ref)
+        rec = self.catalog.kb(ref) or self.catalog.kb_by_name(
+            unicodedata.normalize("NFC", ref) if not string_problem(ref) else ref)
         if rec is None:
             raise KnowledgeBaseNotFound(f"no knowledge base named or with id {ref!r}")
         return rec
@@ -168,9 +169,8 @@ def _usable(load: Callable[[], VectorIndex | KeywordIndex], gen: int, pruned: in
 
 
 def _check_name(name: object) -> str:
-    if not isinstance(name, str) or not _NAME.match(name.strip()):
-        raise InvalidInput("a knowledge base name is 1-80 characters, without / \\ or control characters")
-    return name.strip()
+    """A knowledge base name: NFC, 1-80 characters, no / or \\, nothing deceptive (``clean_name``)."""
+    return clean_name(name, what="a knowledge base name", max_len=80, forbid="/\\")
 
 
 class KnowledgeBase:
