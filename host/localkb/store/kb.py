@@ -33,6 +33,7 @@ from localkb.errors import (
 from localkb.ingest.chunk import passage_text
 from localkb.locks import FileLock
 from localkb.perms import private_dir, tighten
+from localkb.staging import Staging
 from localkb.store.catalog import Catalog, KBRecord, blob_vector, valid_vector
 from localkb.store.keywords import KeywordIndex
 from localkb.store.vectors import VectorIndex
@@ -65,6 +66,8 @@ class Store:
         # readable by others is tightened now, before the catalogue is read.
         private_dir(self.root)
         tighten(self.root)
+        # What a killed import left (its staging files; the catalogue never saw it) goes now.
+        Staging(self.root / "imports").sweep()
         self.catalog = Catalog(self.root / "catalog.sqlite")
         self.lock = FileLock(self.root / "store.lock")
         self.models = EmbedderRegistry(settings)
