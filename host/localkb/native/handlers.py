@@ -253,8 +253,10 @@ def h_search(data: dict, ctx) -> dict:
     from localkb.retrieval.search import Searcher
 
     cutoff = data.get("cutoff")
-    if cutoff is not None and (isinstance(cutoff, bool) or not isinstance(cutoff, int | float)):
-        raise InvalidInput("'cutoff' must be a number", detail={"field": "cutoff"})
+    if cutoff is not None and (isinstance(cutoff, bool) or not isinstance(cutoff, int | float)
+                               or not -1.0 <= cutoff <= 1.0):
+        raise InvalidInput("'cutoff' must be a number from -1 to 1 (a cosine)",
+                           detail={"field": "cutoff"})
     res = Searcher(get_store()).search(
         req_kbs(data), req_str(data, "query", max_len=4000), k=req_int(data, "k", 8, lo=1, hi=100),
         mode=req_str(data, "mode", required=False) or "hybrid", cutoff=cutoff,

@@ -38,6 +38,7 @@ from localkb.errors import Cancelled, LocalKBError, ProtocolError
 from localkb.native import protocol
 from localkb.perms import private_dir, private_umask, tighten
 from localkb.redact import redact
+from localkb.strings import check_value
 
 EXIT_OK = 0
 EXIT_UNTRUSTED = 3
@@ -180,6 +181,9 @@ class _Session:
         try:
             # Cancelled while still queued: never start it.
             ctx.check_cancelled()
+            # Every string and number of every message is checked here, once, so no handler
+            # meets a lone surrogate, a NUL or a NaN (in the worker: a 64 MiB page costs a scan).
+            check_value(request.data)
             result = handler(request.data, ctx)
             if not isinstance(result, dict):
                 raise TypeError(f"handler for {request.type!r} returned {type(result).__name__}, not dict")
