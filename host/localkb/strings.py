@@ -13,6 +13,7 @@ at the CLI) asks these two functions, so the rules live in one place:
 
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
 
@@ -61,7 +62,7 @@ def check_value(value: object, where: str = "data") -> None:
             if problem:
                 raise InvalidInput(f"'{path}' {problem}", detail={"field": path})
         elif isinstance(item, float):
-            if item != item or item in (float("inf"), float("-inf")):
+            if not math.isfinite(item):
                 raise InvalidInput(f"'{path}' must be a finite number", detail={"field": path})
         elif isinstance(item, dict):
             for key, sub in item.items():
