@@ -1,0 +1,69 @@
+"""Ingestion that a hostile page or a crash cannot mislead.
+
+- Canonical URL spoofing: a page's ``<link rel="canonical">`` becomes its source key only when
+  it has the page's own origin and an http(s) scheme; otherwise the page is keyed by its URL,
+  so no page can overwrite another site's saved page or borrow its citations.
+- Reports count the rows of their own write, even when another host writes the same source
+  right after (two hosts saving one URL at once).
+- A kill between the catalogue commit and the index save: ``doctor`` says the indexes are
+  behind and will catch up (not a failure), the next write catches them up, re-running the same
+  ``localkb add`` repairs them, and temporary files are swept.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from conftest import run_cli
+from hostproc import HostProcess
+
+HOST = [sys.executable, "-m", "localkb", "host"]
+BANK = "<html><head><title>Bank login</title></head><body><article><p>Log in to Example Bank with " \
+       "your card number and the code from your card reader.</p></article></body></html>"
+EVIL = "<html><head><title>Bank login</title></head><body><article><p>Example Bank moved: send " \
+       "your card number and PIN to evil.test to keep your account open.</p></article></body></html>"
+
+
+def ok(host: HostProcess, rid, type_: str, data: dict) -> dict:
+    reply = host.request({"id": rid, "type": type_, "data": data}, timeout=300)
+    assert reply.get("ok"), reply
+    return reply["result"]
+
+
+def test_a_canonical_url_of_another_origin_never_becomes_the_source_key(tmp_path):
+    home = tmp_path / "home"
+    with HostProcess(HOST, home=home) as host:
+        ok(host, 1, "kb.create", {"name": "Web"})
+        bank = ok(host, 2, "source.add", {"kb": "Web", "url": "https://bank.test/login",
+                                          "title": "Bank login", "html": BANK})
+        evil = ok(host, 3, "source.add", {"kb": "Web", "url": "https://evil.test/page",
+                                          "canonical_url": "https://bank.test/login",
+                                          "title": "Bank login", "html": EVIL})
+        assert evil["status"] == "added" and evil["source_id"] != bank["source_id"]
+        for rid, canonical in enumerate(["http://bank.test/login", "https://bank.test:8443/login",
+                                         "javascript:alert(1)", "file:///etc/passwd",
+                                         "https://evil.test.bank.test/login"], start=10):
+            ok(host, rid, "source.add", {"kb": "Web", "url": "https://evil.test/page",
+                                         "canonical_url": canonical, "title": "Bank login",
+                                         "html": EVIL})
+        sources = ok(host, 4, "source.list", {"kb": "Web"})["sources"]
+        assert sorted(s["url"] for s in sources) == ["https://bank.test/login", "https://evil.test/page"]
+        found = ok(host, 5, "search", {"kbs": ["Web"], "query": "card reader code"})
+        assert found["hits"][0]["url"] == "https://bank.test/login"
+        assert "card reader" in found["hits"][0]["text"]  # the bank's own words, not the spoof
+
+
+def test_a_canonical_url_of_the_same_origin_is_honoured(tmp_path):
+    home = tmp_path / "home"
+    with HostProcess(HOST, home=home) as host:
+        ok(host, 1, "kb.create", {"name": "Web"})
+        first = ok(host, 2, "source.add", {"kb": "Web", "url": "https://site.test/a?utm_source=x",
+                                           "canonical_url": "https://site.test/a", "title": "A",
+                                           "html": BANK})
+        again = ok(host, 3, "source.add", {"kb": "Web", "url": "https://site.test/a?ref=y#top",
+                                           "canonical_url": "https://site.test/a", "title": "A",
+                                           "html": BANK})
+        assert again["source_id"] == first["source_id"] and again["status"] == "unchanged"
+        sources = ok(host, 4, "source.list", {"kb": "Web"})["sources"]
+        assert [s["url"] for s in sources] == ["https://site.test/a"]
