@@ -43,6 +43,7 @@ import json
 import math
 import os
 import re
+import shutil
 import sqlite3
 import tempfile
 import threading
@@ -59,7 +60,7 @@ import numpy as np
 
 from localkb import __version__
 from localkb.embedding.embedder import MODELS
-from localkb.errors import Conflict, InvalidArchive, InvalidInput
+from localkb.errors import Conflict, HostBusy, InvalidArchive, InvalidInput, LimitExceeded
 from localkb.ingest.chunk import passage_text
 from localkb.perms import private_dir
 from localkb.portable import envelope
@@ -816,16 +817,25 @@ def import_kb(store: Store, src: Path | BinaryIO, *, name: str | None = None,
 class Uploads:
     """Files arriving in parts over native messaging, held in temporary files in the data dir.
 
-    Each upload is capped at ``max_bytes``; parts must come in order (index 0, 1, ...).
-    An upload is dropped on commit, on abort, when the process exits, and (for a
-    host that was killed) when a later host starts one and finds it a day old.
+    Bounded three ways: at most ``max_open`` uploads at once (``host_busy`` past that), each at
+    most ``max_bytes``, and all of them together at most ``max_total`` bytes on disk, never
+    leaving less than ``min_free`` bytes free (``limit_exceeded``). Parts must come in order
+    (index 0, 1, ...). An upload is dropped on commit, on abort, when the process exits, when
+    it has had no part for ``idle_seconds`` (its slot is freed for others), and (for a host that
+    was killed) when a later host starts one and finds it a day old.
     """
 
     STALE_SECONDS = 24 * 3600
 
-    def __init__(self, root: Path, *, max_bytes: int = DEFAULT_LIMITS.max_compressed) -> None:
+    def __init__(self, root: Path, *, max_bytes: int = DEFAULT_LIMITS.max_compressed,
+                 max_open: int = 4, max_total: int = 1024 * 1024 * 1024,
+                 min_free: int = 512 * 1024 * 1024, idle_seconds: float = 900.0) -> None:
         self.dir = Path(root) / "uploads"
         self.max_bytes = max_bytes
+        self.max_open = max_open
+        self.max_total = max_total
+        self.min_free = min_free
+        self.idle_seconds = idle_seconds
         self._lock = threading.Lock()
         self._open: dict[str, dict] = {}
         atexit.register(self.drop_all)
@@ -833,12 +843,22 @@ class Uploads:
     def begin(self) -> str:
         private_dir(self.dir)
         self._sweep()
-        upload = "up_" + uuid.uuid4().hex[:16]
-        path = self.dir / f"{upload}.part"
-        path.touch(mode=0o600)
         with self._lock:
-            self._open[upload] = {"path": path, "next": 0, "bytes": 0}
+            self._expire()
+            if len(self._open) >= self.max_open:
+                raise HostBusy(f"{len(self._open)} uploads are open, the most this host takes at "
+                               "once; commit or abort one first",
+                               detail={"limit": "uploads", "max": self.max_open})
+            upload = "up_" + uuid.uuid4().hex[:16]
+            path = self.dir / f"{upload}.part"
+            path.touch(mode=0o600)
+            self._open[upload] = {"path": path, "next": 0, "bytes": 0, "seen": time.monotonic()}
         return upload
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for upload in [u for u, up in self._open.items() if now - up["seen"] > self.idle_seconds]:
+            self._drop(upload)
 
     def _get(self, upload: object) -> dict:
         if not isinstance(upload, str) or upload not in self._open:
@@ -856,16 +876,31 @@ class Uploads:
             if up["bytes"] + len(data) > self.max_bytes:
                 self._drop(upload)
                 raise InvalidArchive(f"the upload passed the {self.max_bytes:,}-byte cap; it was dropped")
+            total = sum(u["bytes"] for u in self._open.values())
+            if total + len(data) > self.max_total:
+                raise LimitExceeded(
+                    f"the open uploads would hold more than {self.max_total:,} bytes on disk; "
+                    "commit or abort one, then send this part again",
+                    detail={"limit": "upload_bytes", "max": self.max_total})
+            free = shutil.disk_usage(self.dir).free
+            if free - len(data) < self.min_free:
+                raise LimitExceeded(
+                    f"only {free:,} bytes are free on the disk of the data directory; this part "
+                    f"would leave less than {self.min_free:,}",
+                    detail={"limit": "disk_free", "min": self.min_free})
             with open(up["path"], "ab") as fh:
                 fh.write(data)
             up["next"] += 1
             up["bytes"] += len(data)
+            up["seen"] = time.monotonic()
             return {"upload": upload, "parts": up["next"], "bytes": up["bytes"]}
 
     def take(self, upload: str) -> Path:
         """Hand the finished file to the caller, who must ``drop`` it when done."""
         with self._lock:
-            return self._get(upload)["path"]
+            up = self._get(upload)
+            up["seen"] = time.monotonic()
+            return up["path"]
 
     def drop(self, upload: str) -> bool:
         with self._lock:
@@ -891,4 +926,3 @@ class Uploads:
                     path.unlink()
             except OSError:
                 continue
-
