@@ -67,3 +67,40 @@ def test_a_canonical_url_of_the_same_origin_is_honoured(tmp_path):
         assert again["source_id"] == first["source_id"] and again["status"] == "unchanged"
         sources = ok(host, 4, "source.list", {"kb": "Web"})["sources"]
         assert [s["url"] for s in sources] == ["https://site.test/a"]
+
+
+RACE_ROUNDS = 150  # per host: 300 reports in all
+
+
+def _page(host: int, n: int) -> str:
+    # Each save changes every passage, so each write replaces the other host's rows.
+    return "\n\n".join(f"Host {host} revision {n}: paragraph {p} about valve V-{p} and its torque "
+                       f"of {n + p} newton metres, checked every {p + 2} weeks." for p in range(6))
+
+
+def test_two_hosts_saving_one_url_at_once_each_report_their_own_rows(tmp_path):
+    home = tmp_path / "home"
+    run_cli(["kb", "create", "Race", "--model", "hashing-256"], home, check=True)
+    hosts = [HostProcess(HOST, home=home) for _ in range(2)]
+    try:
+        for n in range(RACE_ROUNDS):
+            for h, host in enumerate(hosts):
+                host.send({"id": n, "type": "source.add", "data": {
+                    "kb": "Race", "url": "https://race.test/page", "title": "Race",
+                    "text": _page(h, n)}})
+        reports = []
+        for host in hosts:
+            for n in range(RACE_ROUNDS):
+                reports.append(host.until_reply(n, timeout=600)[-1])
+    finally:
+        for host in hosts:
+            host.close_stdin()
+            host.wait()
+    refused = [r["error"] for r in reports if not r["ok"]]
+    assert refused == [], (len(refused), refused[:3])
+    wrong = [r["result"] for r in reports
+             if r["result"]["failed"] or r["result"]["added"] + r["result"]["updated"]
+             + r["result"]["unchanged"] != r["result"]["total"]]
+    assert wrong == [], (len(wrong), wrong[:2])
+    doctor = json.loads(run_cli(["doctor", "--json"], home).stdout)
+    assert doctor["clean"], doctor
