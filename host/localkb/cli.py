@@ -407,7 +407,7 @@ def cmd_doctor(args, out: Out) -> int:
                  f"model: {m['id']} ({m.get('variant')}) "
                  + ("ok" if m.get("ok") else f"UNAVAILABLE: {m.get('error')}")]
         for kb in report["knowledge_bases"]:
-            state = "ok" if not kb["problems"] else "; ".join(kb["problems"])
+            state = "; ".join(kb["problems"]) or "; ".join(["ok", *kb.get("notes", [])])
             lines.append(f"{kb['name']}: {kb['chunks']} chunks, vectors "
                          f"{kb.get('vector_index', {}).get('count', '?')}, keywords "
                          f"{kb.get('keyword_index', {}).get('count', '?')}: {state}")
@@ -530,9 +530,10 @@ def _chat_turn(args, out: Out, store, message: str, history: list, *, cache, kin
     def confirm(request: dict) -> bool:
         if out.json:
             return False  # no one to ask: a model-driven write is never made unconfirmed
-        preview = request["text"][:600] + ("…" if request["chars"] > 600 else "")
+        # All of it: what is approved is exactly what is written.
         print(f"\n\nThe model asks to save “{request['title']}” ({request['chars']:,} characters) "
-              f"to {request['kb_name']}:\n{preview}\nSave it? (y/N) ", end="", flush=True)
+              f"to {request['kb_name']}:\n{request['text']}\n--- end of the text ---\nSave it? (y/N) ",
+              end="", flush=True)
         return sys.stdin.readline().strip().lower() in {"y", "yes"}
 
     options = ChatOptions(use_weaker_matches=args.weaker, strict=args.strict, kind=kind)

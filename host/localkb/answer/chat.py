@@ -87,7 +87,8 @@ _SAVE_INTENT = re.compile(
 
 StepFn = Callable[[dict], None]
 TokenFn = Callable[[str], None]
-ConfirmFn = Callable[[dict], bool]
+#: True writes, False declines, None: no answer in time (expired).
+ConfirmFn = Callable[[dict], bool | None]
 
 
 # --------------------------------------------------------------------------- inputs
@@ -526,8 +527,9 @@ class Confirmations:
             self._pending[(target, call_id)] = [threading.Event(), False]
 
     def wait(self, target: Any, call_id: str, cancel: threading.Event | None = None,
-             timeout: float = CONFIRM_TIMEOUT_S) -> bool:
-        """The user's answer; no answer within ``timeout`` is "no"; a cancel raises ``Cancelled``."""
+             timeout: float = CONFIRM_TIMEOUT_S) -> bool | None:
+        """The user's answer; ``None`` when none came within ``timeout`` (nothing is written
+        then either); a cancel raises ``Cancelled``."""
         with self._lock:
             slot = self._pending.get((target, call_id))
         if slot is None:
@@ -538,7 +540,7 @@ class Confirmations:
                 if cancel is not None and cancel.is_set():
                     raise Cancelled("the chat turn was cancelled while waiting for a confirmation")
                 if time.monotonic() >= end:
-                    return False
+                    return None
             return bool(slot[1])
         finally:
             with self._lock:
@@ -696,13 +698,18 @@ def _run_tool(store: Store, call: ToolCall, *, offered: bool, targets: Sequence[
         return {**out, "reason": "nothing to save (or more than 1,000,000 characters)"}
     title = (title or "").strip()[:200] or "Saved from chat"
     out.update(kb=target.id, kb_name=target.name, title=title)
+    # The user is shown all of what approval writes, never a preview: a big text travels in
+    # parts like any big frame, and the write below is exactly this text.
     request = {"call_id": call.id, "tool": ADD_TOOL, "kb": target.id, "kb_name": target.name,
                "title": title, "text": text, "chars": len(text)}
-    approved = bool(confirm(request)) if confirm is not None else False
+    answer = confirm(request) if confirm is not None else False
     if cancel is not None and cancel.is_set():
         raise Cancelled("the chat turn was cancelled")
-    out["approved"] = approved
-    if not approved:
+    out["approved"] = answer is True
+    if answer is None:
+        return {**out, "status": "expired",
+                "reason": f"no answer within {CONFIRM_TIMEOUT_S:g} s: nothing was written"}
+    if answer is not True:
         return {**out, "status": "declined", "reason": "not confirmed: nothing was written"}
     from localkb.ingest.pipeline import add_capture
 

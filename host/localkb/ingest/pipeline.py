@@ -1042,6 +1042,9 @@ def _run(kb: KnowledgeBase, items: list[_Item], *, progress: Progress | None,
          check_cancelled: CancelCheck | None, batch_tokens: int = BATCH_TOKENS,
          max_bytes: int | None = None, report: IngestReport | None = None) -> IngestReport:
     """Run the reader and the writer over ``items``; an interrupt returns what was kept."""
+    # Catch the derived indexes up first: a kill between an earlier commit and its index save
+    # is repaired by the next add, even one that finds every source unchanged.
+    kb.indexes()
     job = _Job(kb, progress=progress, check_cancelled=check_cancelled, batch_tokens=batch_tokens,
                max_bytes=kb.store.settings.max_source_bytes if max_bytes is None else max_bytes)
     if report is not None:

@@ -340,7 +340,7 @@ def _chat_shared():
 
 def h_chat(data: dict, ctx) -> dict:
     """One grounded chat turn: ``step`` and ``token`` events (``confirm`` for a write), then the answer."""
-    from localkb.answer.chat import ChatOptions, parse_history, run_turn
+    from localkb.answer.chat import CONFIRM_TIMEOUT_S, ChatOptions, parse_history, run_turn
     from localkb.answer.llm import load_config
 
     store = get_store()
@@ -368,7 +368,7 @@ def h_chat(data: dict, ctx) -> dict:
     cache, confirmations = _chat_shared()
     timeout = store.settings.confirm_timeout_s
 
-    def confirm(request: dict) -> bool:
+    def confirm(request: dict) -> bool | None:
         # Registered before the event goes out, so an instant chat.confirm is never lost.
         confirmations.open(ctx.id, request["call_id"])
         ctx.emit("confirm", {**request, "expires_in_s": timeout})

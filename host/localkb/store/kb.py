@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from localkb.atomic import sweep_tmp
 from localkb.config import Settings
 from localkb.embedding.embedder import Embedder, EmbedderRegistry
 from localkb.errors import (
@@ -66,8 +67,10 @@ class Store:
         # readable by others is tightened now, before the catalogue is read.
         private_dir(self.root)
         tighten(self.root)
-        # What a killed import left (its staging files; the catalogue never saw it) goes now.
+        # What a killed import left (its staging files; the catalogue never saw it) and the
+        # temporary files of index saves a kill cut short go now.
         Staging(self.root / "imports").sweep()
+        sweep_tmp(self.root, self.root / "kbs")
         self.catalog = Catalog(self.root / "catalog.sqlite")
         self.lock = FileLock(self.root / "store.lock")
         self.models = EmbedderRegistry(settings)
@@ -228,6 +231,15 @@ class KnowledgeBase:
         with self._lock:
             if self._fresh(gen):
                 return self._vectors, self._keywords
+        # Locks are always taken store first, then this knowledge base's: ``write`` holds the
+        # store lock when it asks for the indexes, so the other order could deadlock two threads
+        # of one host (an add catching up while another add writes).
+        with self.store.lock.hold(), self._lock:
+            gen = self.catalog.generation(self.id)
+            if gen is None:
+                raise KnowledgeBaseNotFound(f"knowledge base {self.record.name!r} was deleted")
+            if self._fresh(gen):
+                return self._vectors, self._keywords
             self._check_model()
             self.close()
             try:
@@ -237,8 +249,7 @@ class KnowledgeBase:
                 self.close()
             if self._fresh(gen):
                 return self._vectors, self._keywords
-            with self.store.lock.hold():
-                self._repair()
+            self._repair()
             return self._vectors, self._keywords
 
     def _check_model(self) -> None:
@@ -409,31 +420,53 @@ class KnowledgeBase:
             (self.id,)).fetchone()[0]
         if over:
             report["problems"].append(f"{over} sources have more chunks than they should")
-        try:
-            vi = VectorIndex.load(self.vector_path, self.record.model, self.record.dim)
-            report["vector_index"] = {"count": len(vi), "generation": vi.generation}
-            keys_ok = all(vi.contains(r[0]) for r in rows)
-            if len(vi) != len(rows) or not keys_ok:
-                report["problems"].append(
-                    f"vector index holds {len(vi)} vectors, the catalogue {len(rows)} chunks")
-        except LocalKBError as err:
-            report["vector_index"] = {"error": str(err)}
-            report["problems"].append(f"vector index: {err}")
-        try:
-            ki = KeywordIndex.load(self.keyword_path)
-            report["keyword_index"] = {"count": ki.doc_count(), "generation": ki.generation}
-            if ki.doc_count() != len(rows):
-                report["problems"].append(
-                    f"keyword index holds {ki.doc_count()} passages, the catalogue {len(rows)}")
-            ki.close()
-        except LocalKBError as err:
-            report["keyword_index"] = {"error": str(err)}
-            report["problems"].append(f"keyword index: {err}")
         gen = report["generation"]
-        for name in ("vector_index", "keyword_index"):
-            if report[name].get("generation", gen) != gen:
-                report["problems"].append(f"{name.replace('_', ' ')} is at generation "
-                                          f"{report[name]['generation']}, the catalogue at {gen}")
+        pruned = self._pruned_through()
+        report["notes"] = []
+
+        def check(label: str, load: Callable[[], tuple[int, int, bool]]) -> None:
+            # An index behind a complete catalogue is not broken: every open catches it up from
+            # the change log (a kill between the commit and the index save leaves exactly that).
+            key = label.replace(" ", "_")
+            try:
+                count, generation, keys_ok = load()
+            except LocalKBError as err:
+                if not (self.keyword_path if "keyword" in label else self.vector_path).exists():
+                    report[key] = {"error": "missing"}
+                    report["notes"].append(f"{label} is missing: it is built on next use")
+                    return
+                report[key] = {"error": str(err)}
+                report["problems"].append(f"{label}: {err}")
+                return
+            report[key] = {"count": count, "generation": generation}
+            if generation != gen:
+                if pruned <= generation < gen:
+                    report["notes"].append(f"{label} is behind the catalogue (generation "
+                                           f"{generation} of {gen}): it catches up on next use")
+                else:
+                    report["problems"].append(f"{label} is at generation {generation}, the "
+                                              f"catalogue at {gen}")
+            elif count != len(rows) or not keys_ok:
+                report["problems"].append(
+                    f"{label} holds {count} entries, the catalogue {len(rows)} chunks")
+
+        def vectors() -> tuple[int, int, bool]:
+            vi = VectorIndex.load(self.vector_path, self.record.model, self.record.dim)
+            return len(vi), vi.generation, all(vi.contains(r[0]) for r in rows)
+
+        def keywords() -> tuple[int, int, bool]:
+            ki = KeywordIndex.load(self.keyword_path)
+            try:
+                return ki.doc_count(), ki.generation, True
+            finally:
+                ki.close()
+
+        check("vector index", vectors)
+        check("keyword index", keywords)
+        if repair and report["notes"] and not report["problems"]:
+            self.indexes()  # behind: catching up is the repair
+            report["repaired"] = True
+            report["problems_after_repair"] = self.health()["problems"]
         if repair and report["problems"]:
             with self.store.lock.hold():
                 self.close()
