@@ -349,21 +349,33 @@ class KnowledgeBase:
             vi.save(gen)
 
     def _rebuild_vectors(self, gen: int) -> VectorIndex:
+        # Rows are streamed into arrays sized once: a rebuild holds the vectors once, not a list
+        # of them and then a stacked copy (an import of a big knowledge base ends here).
         vi = VectorIndex(self.vector_path, self.record.model, self.record.dim)
-        keys, vecs = [], []
+        n = self.catalog.db.execute("SELECT COUNT(*) FROM chunks WHERE kb_id = ?",
+                                    (self.id,)).fetchone()[0]
+        keys = np.empty(n, dtype=np.uint64)
+        vecs = np.empty((n, self.record.dim), dtype=np.float32)
+        got = 0
         for row in self.catalog.db.execute("SELECT vkey, vector FROM chunks WHERE kb_id = ?",
                                            (self.id,)):
-            keys.append(row[0])
-            vecs.append(blob_vector(row[1]))
-        if keys:
-            vi.upsert(np.array(keys, dtype=np.uint64), np.stack(vecs))
+            if got == n:
+                break
+            keys[got] = row[0]
+            vecs[got] = blob_vector(row[1])
+            got += 1
+        if got:
+            vi.upsert(keys[:got], vecs[:got])
         vi.save(gen)
         return vi
 
     def _rebuild_keywords(self, gen: int) -> KeywordIndex:
         ki = KeywordIndex.create(self.keyword_path)
-        rows = self.catalog.chunk_rows(self.id)
-        ki.write([(r["id"], passage_text(r["title"], r["text"])) for r in rows], [], gen)
+        rows = self.catalog.db.execute(
+            "SELECT c.id, c.text, s.title FROM chunks c JOIN sources s ON s.id = c.source_id "
+            "WHERE c.kb_id = ? ORDER BY c.rowid", (self.id,))
+        # A generator, not a list: the passages stream through Whoosh's writer.
+        ki.write(((r[0], passage_text(r[2], r[1])) for r in rows), [], gen)  # type: ignore[arg-type]
         return ki
 
     # -- writing ---------------------------------------------------------------
