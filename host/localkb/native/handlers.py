@@ -340,7 +340,7 @@ def _chat_shared():
 
 def h_chat(data: dict, ctx) -> dict:
     """One grounded chat turn: ``step`` and ``token`` events (``confirm`` for a write), then the answer."""
-    from localkb.answer.chat import CONFIRM_TIMEOUT_S, ChatOptions, parse_history, run_turn
+    from localkb.answer.chat import ChatOptions, parse_history, run_turn
     from localkb.answer.llm import load_config
 
     store = get_store()
