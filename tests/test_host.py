@@ -146,12 +146,18 @@ def _fuzz_payloads(rng: random.Random, n: int) -> list[bytes]:
     return out
 
 
-def test_fuzzed_frames_never_kill_the_real_host(tmp_path):
+def _home_with_one_passage(tmp_path: Path) -> Path:
+    """A data dir with a knowledge base "Docs" holding one passage that fuzzing must not touch."""
     home = tmp_path / "home"
     run_cli(["kb", "create", "Docs"], home, check=True)
     note = tmp_path / "keep.md"
     note.write_text("# Keep\n\nThis passage must survive the fuzzing untouched.")
     run_cli(["add", "Docs", str(note)], home, check=True)
+    return home
+
+
+def test_fuzzed_frames_never_kill_the_real_host(tmp_path):
+    home = _home_with_one_passage(tmp_path)
     payloads = _fuzz_payloads(random.Random(4521), 2200)
     with HostProcess(HOST, home=home) as host:
         for body in payloads:
@@ -298,11 +304,7 @@ def _put(data: dict, path: str, value) -> dict:
 
 
 def test_every_string_and_number_field_of_every_message_type_refuses_what_cannot_be_text(tmp_path):
-    home = tmp_path / "home"
-    run_cli(["kb", "create", "Docs"], home, check=True)
-    note = tmp_path / "keep.md"
-    note.write_text("# Keep\n\nThis passage must survive the fuzzing untouched.")
-    run_cli(["add", "Docs", str(note)], home, check=True)
+    home = _home_with_one_passage(tmp_path)
     bodies: list[tuple[str, bytes]] = []
     for kind, (data, fields) in _STRING_FIELDS.items():
         for field in fields:

@@ -38,10 +38,13 @@ HOST = [sys.executable, "-m", "localkb", "host"]
 
 @pytest.fixture
 def hashed(store):
+    """A small knowledge base on the hashing model (test_portable's, with fewer passages)."""
     store.create_kb("Small", model="hashing-256")
     kb = store.open_kb("Small")
     _fill(kb, 3, repeat=10)
     return kb
+
+
 
 
 # --------------------------------------------------------------------------- item 8: parse bombs
