@@ -65,8 +65,9 @@ def test_an_existing_loose_store_is_tightened_on_open_and_the_log_says_so_once(t
     cli(["kb", "create", "Docs"], home, umask=0o022)
     for path in [home, *home.rglob("*")]:  # as an older version left it: 0755 / 0644
         os.chmod(path, 0o755 if path.is_dir() else 0o644)
-    (home / "logs").mkdir(mode=0o755)
-    (home / "logs" / "host.log").write_text("")
+    (home / "logs").mkdir(exist_ok=True)
+    os.chmod(home / "logs", 0o755)
+    (home / "logs" / "host.log").touch()
     os.chmod(home / "logs" / "host.log", 0o644)
     for _ in range(2):
         with HostProcess(HOST, home=home) as host:
