@@ -763,7 +763,7 @@ def _run_tool(store: Store, call: ToolCall, *, offered: bool, targets: Sequence[
     out["approved"] = answer is True
     if answer is None:
         return {**out, "status": "expired",
-                "reason": f"no answer within {CONFIRM_TIMEOUT_S:g} s: nothing was written"}
+                "reason": "not confirmed in time: nothing was written"}
     if answer is not True:
         return {**out, "status": "declined", "reason": "not confirmed: nothing was written"}
     from localkb.ingest.pipeline import add_capture
