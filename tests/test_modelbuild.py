@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from localkb.embedding import build as mb
+from localkb.embedding.files import sha256_file
 from localkb.errors import EmbeddingUnavailable
 
 pytestmark = pytest.mark.slow
@@ -219,7 +220,7 @@ def test_wrong_weights_with_matching_hash_fail_the_cosine_gate(built: Path, tmp_
             tensor.CopyFrom(numpy_helper.from_array(noisy, tensor.name))
     onnx.save_model(model, str(copy / mb.FP32_NAME))
     info = json.loads((copy / mb.BUILD_JSON).read_text())
-    info["outputs"][mb.FP32_NAME]["sha256"] = mb.sha256_file(copy / mb.FP32_NAME)
+    info["outputs"][mb.FP32_NAME]["sha256"] = sha256_file(copy / mb.FP32_NAME)
     (copy / mb.BUILD_JSON).write_text(json.dumps(info))
 
     with pytest.raises(EmbeddingUnavailable, match="below threshold") as caught:
@@ -247,9 +248,15 @@ def test_measure_variants_reports_each_and_caches_per_cpu(built: Path, tmp_path:
 
     cached = json.loads((copy / mb.BUILD_JSON).read_text())["speed"][mb.cpu_fingerprint()]
     assert cached["texts"] == len(texts)
-    assert cached["variants"][mb.BUILT_INT8]["sha256"] == mb.sha256_file(copy / mb.INT8_NAME)
+    # Every variant was timed in every round (interleaved), and the median stands for it.
+    assert cached["rounds"] == mb.TIMING_ROUNDS
+    for name, entry in cached["variants"].items():
+        assert entry["rounds"] == mb.TIMING_ROUNDS
+        assert entry["min"] <= entry["median"] <= entry["max"]
+        assert first[name] == entry["median"]
+    assert cached["variants"][mb.BUILT_INT8]["sha256"] == sha256_file(copy / mb.INT8_NAME)
     # A second call on the same texts and files reads the cache instead of re-timing.
-    assert mb.measure_variants(variants, texts) == {k: round(v, 1) for k, v in first.items()}
+    assert mb.measure_variants(variants, texts) == first
 
     other = mb.measure_variants(variants, texts[:5])
     assert set(other) == set(mb.VARIANTS)

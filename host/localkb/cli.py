@@ -664,7 +664,8 @@ def cmd_model_build(args, out: Out) -> int:
                          f"min {v.get('int8_vs_fp32_min')}")
         sel = chosen.selection
         if sel.get("tokens_per_s"):
-            lines.append("  tokens/s on this machine: " + ", ".join(
+            lines.append(f"  tokens/s on this machine (median of {sel.get('rounds', 1)} interleaved rounds): "
+                         + ", ".join(
                 f"{k} {v:,}" for k, v in sel["tokens_per_s"].items()))
         lines.append(f"the embedder uses: {chosen.variant}"
                      + (f" ({sel['fallback']})" if sel.get("fallback") else ""))

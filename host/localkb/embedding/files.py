@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from localkb.embedding.verified import sha256_of
 from localkb.errors import EmbeddingUnavailable
 
 PACKAGED_MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
@@ -61,7 +62,7 @@ def check_sha256(path: Path, expected: str, what: str) -> None:
     """Refuse a file whose bytes are not the ones we verified."""
     if not path.is_file():
         raise EmbeddingUnavailable(f"{what} is missing: {path}")
-    actual = sha256_file(path)
+    actual = sha256_of(path)  # re-read only when the file's identity changed (verified.py)
     if actual != expected:
         raise EmbeddingUnavailable(
             f"{what} at {path} is not the verified file (sha256 {actual[:12]}..., "
