@@ -25,14 +25,14 @@ def test_a_second_process_reads_the_record_instead_of_hashing(tmp_path: Path, re
     model = tmp_path / "model.onnx"
     model.write_bytes(b"weights" * 1000)
     expected = sha256_file(model)
-    before = verified.hashed_files
+    before = verified.hashed_count()
     check_sha256(model, expected, "the model")
-    assert verified.hashed_files == before + 1
+    assert verified.hashed_count() == before + 1
     assert record.is_file()
     verified.forget()  # as a new process would start: nothing in memory, the record on disk
     check_sha256(model, expected, "the model")
     check_sha256(model, expected, "the model")
-    assert verified.hashed_files == before + 1
+    assert verified.hashed_count() == before + 1
 
 
 def test_a_file_rewritten_with_the_same_size_and_mtime_is_hashed_again(tmp_path: Path,
@@ -46,10 +46,10 @@ def test_a_file_rewritten_with_the_same_size_and_mtime_is_hashed_again(tmp_path:
         fh.write(b"b")
     os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns))  # mtime put back; ctime moves anyway
     verified.forget()
-    before = verified.hashed_files
+    before = verified.hashed_count()
     with pytest.raises(EmbeddingUnavailable, match="not the verified file"):
         check_sha256(model, expected, "the model")
-    assert verified.hashed_files == before + 1
+    assert verified.hashed_count() == before + 1
 
 
 def test_a_replaced_file_is_hashed_again(tmp_path: Path, record: Path) -> None:
@@ -59,6 +59,6 @@ def test_a_replaced_file_is_hashed_again(tmp_path: Path, record: Path) -> None:
     other = tmp_path / "other.onnx"
     other.write_bytes(b"c" * 4096)
     os.replace(other, model)  # a new inode under the old name
-    before = verified.hashed_files
+    before = verified.hashed_count()
     assert verified.sha256_of(model) == sha256_file(model)
-    assert verified.hashed_files == before + 1
+    assert verified.hashed_count() == before + 1

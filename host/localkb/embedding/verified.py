@@ -26,16 +26,19 @@ RECORD_NAME = "file-hashes.json"
 
 _lock = threading.Lock()
 _memory: dict[str, dict] = {}
-_record: Path | None = None
-#: How many files were really read and hashed in this process (tests and the cold-start bench read it).
-hashed_files = 0
+#: Where the record is kept, and how many files this process really read and hashed.
+_state: dict = {"record": None, "hashed": 0}
 
 
 def use_folder(folder: Path) -> None:
     """Keep the record of verified identities in ``folder`` (the built-models folder)."""
-    global _record
     with _lock:
-        _record = Path(folder) / RECORD_NAME
+        _state["record"] = Path(folder) / RECORD_NAME
+
+
+def hashed_count() -> int:
+    """Files read and hashed by this process so far (the tests and the cold-start bench read it)."""
+    return _state["hashed"]
 
 
 def _identity(st: os.stat_result) -> dict:
@@ -44,12 +47,11 @@ def _identity(st: os.stat_result) -> dict:
 
 
 def _hash(path: Path) -> str:
-    global hashed_files
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
-    hashed_files += 1
+    _state["hashed"] += 1
     return digest.hexdigest()
 
 
@@ -62,9 +64,10 @@ def sha256_of(path: Path) -> str:
     except OSError as err:
         raise EmbeddingUnavailable(f"cannot read {path.name}: {err}") from err
     with _lock:
+        record = _state["record"]
         known = _memory.get(key)
-        if known is None and _record is not None:
-            saved = read_json(_record)
+        if known is None and record is not None:
+            saved = read_json(record)
             if isinstance(saved, dict):
                 _memory.update({k: v for k, v in saved.items() if isinstance(v, dict)})
                 known = _memory.get(key)
@@ -76,12 +79,12 @@ def sha256_of(path: Path) -> str:
         raise EmbeddingUnavailable(f"cannot read {path.name}: {err}") from err
     with _lock:
         _memory[key] = {"identity": ident, "sha256": sha}
-        if _record is not None:
+        if record is not None:
             try:
-                saved = read_json(_record)
+                saved = read_json(record)
                 merged = {**(saved if isinstance(saved, dict) else {}), key: _memory[key]}
-                _record.parent.mkdir(parents=True, exist_ok=True)
-                write_json(_record, merged)
+                record.parent.mkdir(parents=True, exist_ok=True)
+                write_json(record, merged)
             except OSError:
                 pass  # the record only saves time; the hash just computed is still right
     return sha
