@@ -332,14 +332,18 @@ class KnowledgeBase:
 
     def _rebuild_vectors(self, gen: int) -> VectorIndex:
         vi = VectorIndex(self.vector_path, self.record.model, self.record.dim)
-        keys, vecs = [], []
+        n = self.catalog.counts(self.id)["chunks"]
+        keys = np.empty(n, dtype=np.uint64)
+        vecs = np.empty((n, self.record.dim), dtype=np.float32)
+        i = 0
         for row in self.catalog.db.execute("SELECT vkey, vector FROM chunks WHERE kb_id = ?",
                                            (self.id,)):
-            keys.append(row[0])
-            vecs.append(blob_vector(row[1]))
-        if keys:
-            vi.upsert(np.array(keys, dtype=np.uint64), np.stack(vecs))
-        vi.save(gen)
+            if i == n:  # rows added since the count (not under our lock): the next open catches up
+                break
+            keys[i] = row[0]
+            vecs[i] = blob_vector(row[1])
+            i += 1
+        vi.build(keys[:i], vecs[:i], gen)
         return vi
 
     def _rebuild_keywords(self, gen: int) -> KeywordIndex:
