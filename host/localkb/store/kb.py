@@ -9,6 +9,7 @@ search never runs on a stale or partial index without saying so.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import sqlite3
@@ -32,8 +33,9 @@ from localkb.errors import (
 )
 from localkb.ingest.chunk import passage_text
 from localkb.locks import FileLock
+from localkb.store import keyword_engine as keyword_engine_mod
 from localkb.store.catalog import Catalog, KBRecord, blob_vector, valid_vector
-from localkb.store.keywords import KeywordIndex
+from localkb.store.keyword_engine import KeywordEngine
 from localkb.store.vectors import VectorIndex
 
 PRIVACY = ("device", "cloud")
@@ -80,8 +82,10 @@ class Store:
             raise KnowledgeBaseNotFound(f"no knowledge base named or with id {ref!r}")
         return rec
 
-    def create_kb(self, name: str, *, privacy: str = "device", model: str | None = None) -> KBRecord:
+    def create_kb(self, name: str, *, privacy: str = "device", model: str | None = None,
+                  keyword_engine: str | None = None) -> KBRecord:
         name = _check_name(name)
+        engine = keyword_engine_mod.check_choice(keyword_engine or self.settings.keyword_engine)
         if privacy not in PRIVACY:
             raise InvalidInput(f"privacy must be 'device' or 'cloud', not {privacy!r}")
         model = model or self.settings.default_model
@@ -91,8 +95,10 @@ class Store:
             try:
                 with self.catalog.tx() as db:
                     db.execute(
-                        "INSERT INTO kbs (id, name, privacy, model, dim, created) VALUES (?,?,?,?,?,?)",
-                        (kb_id, name, privacy, spec.id, spec.dim, time.time()))
+                        "INSERT INTO kbs (id, name, privacy, model, dim, created, settings) "
+                        "VALUES (?,?,?,?,?,?,?)",
+                        (kb_id, name, privacy, spec.id, spec.dim, time.time(),
+                         json.dumps({"keyword_engine": engine})))
             except LocalKBError as err:
                 if isinstance(err.__cause__, sqlite3.IntegrityError):
                     raise Conflict(f"a knowledge base named {name!r} already exists") from err
@@ -100,10 +106,14 @@ class Store:
             self.open_kb(kb_id).indexes()  # empty derived indexes exist from the start
         return self.resolve(kb_id)
 
-    def update_kb(self, ref: str, *, name: str | None = None, privacy: str | None = None) -> KBRecord:
+    def update_kb(self, ref: str, *, name: str | None = None, privacy: str | None = None,
+                  keyword_engine: str | None = None) -> KBRecord:
+        """Rename, change privacy, or choose the keyword engine (its index is rebuilt on a switch)."""
         rec = self.resolve(ref)
         if privacy is not None and privacy not in PRIVACY:
             raise InvalidInput(f"privacy must be 'device' or 'cloud', not {privacy!r}")
+        if keyword_engine is not None:
+            keyword_engine_mod.check_choice(keyword_engine)
         with self.lock.hold():
             try:
                 with self.catalog.tx() as db:
@@ -115,6 +125,12 @@ class Store:
                 if isinstance(err.__cause__, sqlite3.IntegrityError):
                     raise Conflict(f"a knowledge base named {name!r} already exists") from err
                 raise
+            if keyword_engine is not None:
+                self.catalog.update_settings(rec.id, keyword_engine=keyword_engine)
+                kb = self.open_kb(rec.id)
+                with kb._lock:
+                    kb.close()
+                    kb._repair()  # builds the index the new choice names, from the catalogue
         return self.resolve(rec.id)
 
     def delete_kb(self, ref: str) -> KBRecord:
@@ -154,7 +170,7 @@ class Store:
         self.catalog.close()
 
 
-def _usable(load: Callable[[], VectorIndex | KeywordIndex], gen: int, pruned: int):
+def _usable(load: Callable[[], VectorIndex | KeywordEngine], gen: int, pruned: int):
     """The saved index if the change log can bring it to ``gen``; None means rebuild it."""
     try:
         index = load()
@@ -185,7 +201,7 @@ class KnowledgeBase:
                                 f"the knowledge base was created with {record.dim}")
         self.dir = store.kb_dir(record.id)
         self._vectors: VectorIndex | None = None
-        self._keywords: KeywordIndex | None = None
+        self._keywords: KeywordEngine | None = None
         self._lock = threading.RLock()
 
     @property
@@ -204,7 +220,15 @@ class KnowledgeBase:
 
     @property
     def keyword_path(self) -> Path:
-        return self.dir / "keywords"
+        """The folder of the keyword index, for the engine it was last built with."""
+        return keyword_engine_mod.folder_for(self.dir, self.record.keyword_engine)
+
+    def wanted_engine(self, passages: int | None = None) -> str:
+        """The keyword engine this knowledge base's choice names at its size."""
+        choice = self.record.settings.get("keyword_engine", "auto")
+        if passages is None:
+            passages = self.catalog.counts(self.id)["chunks"]
+        return keyword_engine_mod.effective(choice, passages, self.record.keyword_engine)
 
     def close(self) -> None:
         with self._lock:
@@ -213,7 +237,7 @@ class KnowledgeBase:
             self._vectors = self._keywords = None
 
     # -- freshness -------------------------------------------------------------
-    def indexes(self) -> tuple[VectorIndex, KeywordIndex]:
+    def indexes(self) -> tuple[VectorIndex, KeywordEngine]:
         """Both derived indexes, at the catalogue's current generation."""
         gen = self.catalog.generation(self.id)
         if gen is None:
@@ -225,7 +249,7 @@ class KnowledgeBase:
             self.close()
             try:
                 self._vectors = VectorIndex.load(self.vector_path, self.record.model, self.record.dim)
-                self._keywords = KeywordIndex.load(self.keyword_path)
+                self._keywords = keyword_engine_mod.load(self.record.keyword_engine, self.keyword_path)
             except LocalKBError:
                 self.close()
             if self._fresh(gen):
@@ -255,7 +279,10 @@ class KnowledgeBase:
         done = {"vectors": "ok", "keywords": "ok"}
         vi = _usable(lambda: VectorIndex.load(self.vector_path, self.record.model, self.record.dim),
                      gen, pruned)
-        ki = _usable(lambda: KeywordIndex.load(self.keyword_path), gen, pruned)
+        engine = self.wanted_engine()
+        ki = None
+        if engine == self.record.keyword_engine:
+            ki = _usable(lambda: keyword_engine_mod.load(engine, self.keyword_path), gen, pruned)
         if vi is None:
             vi = self._rebuild_vectors(gen)
             done["vectors"] = "rebuilt"
@@ -263,7 +290,7 @@ class KnowledgeBase:
             self._catch_up(vi, None, vi.generation, gen)
             done["vectors"] = "caught up"
         if ki is None:
-            ki = self._rebuild_keywords(gen)
+            ki = self._rebuild_keywords(gen, engine)
             done["keywords"] = "rebuilt"
         elif ki.generation < gen:
             self._catch_up(None, ki, ki.generation, gen)
@@ -282,13 +309,13 @@ class KnowledgeBase:
             db.execute("DELETE FROM changes WHERE kb_id = ? AND generation <= ?", (self.id, gen))
             db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (f"pruned:{self.id}", str(gen)))
 
-    def _catch_up(self, vi: VectorIndex | None, ki: KeywordIndex | None, since: int, gen: int) -> None:
+    def _catch_up(self, vi: VectorIndex | None, ki: KeywordEngine | None, since: int, gen: int) -> None:
         touched = self.catalog.db.execute(
             "SELECT DISTINCT chunk_id, vkey FROM changes WHERE kb_id = ? AND generation > ?",
             (self.id, since)).fetchall()
         self._apply(vi, ki, [(r[0], r[1]) for r in touched], gen)
 
-    def _apply(self, vi: VectorIndex | None, ki: KeywordIndex | None,
+    def _apply(self, vi: VectorIndex | None, ki: KeywordEngine | None,
                touched: list[tuple[str, int]], gen: int) -> None:
         """Make the indexes agree with the catalogue for ``touched`` chunks, then save.
 
@@ -346,10 +373,22 @@ class KnowledgeBase:
         vi.build(keys[:i], vecs[:i], gen)
         return vi
 
-    def _rebuild_keywords(self, gen: int) -> KeywordIndex:
-        ki = KeywordIndex.create(self.keyword_path)
-        rows = self.catalog.chunk_rows(self.id)
+    def _rebuild_keywords(self, gen: int, engine: str) -> KeywordEngine:
+        """A fresh keyword index of ``engine`` from the catalogue; the other engine's folder goes."""
+        folder = keyword_engine_mod.folder_for(self.dir, engine)
+        ki = keyword_engine_mod.create(engine, folder)
+        rows = self.catalog.db.execute(
+            "SELECT c.id, c.text, s.title FROM chunks c JOIN sources s ON s.id = c.source_id "
+            "WHERE c.kb_id = ? ORDER BY c.rowid", (self.id,))
         ki.write([(r["id"], passage_text(r["title"], r["text"])) for r in rows], [], gen)
+        if engine != self.record.keyword_engine:
+            self.catalog.update_settings(self.id, keyword_index=engine)
+            self.record = self.store.resolve(self.id)
+        for other in keyword_engine_mod.ENGINES:
+            if other != engine:
+                old = keyword_engine_mod.folder_for(self.dir, other)
+                shutil.rmtree(old, ignore_errors=True)
+                old.with_suffix(".json").unlink(missing_ok=True)
         return ki
 
     # -- writing ---------------------------------------------------------------
@@ -379,6 +418,8 @@ class KnowledgeBase:
                     try:
                         self._apply(self._vectors, self._keywords, change.upserted + change.deleted, gen)
                         self._prune(gen)
+                        if self.wanted_engine(self._keywords.doc_count()) != self._keywords.engine:
+                            self._repair()  # ``auto`` crossed its passage count: the other engine
                     except LocalKBError as err:
                         self.close()
                         self.catalog.log_error("index", err.code, str(err), kb_id=self.id)
@@ -408,7 +449,8 @@ class KnowledgeBase:
             report["problems"].append(f"{over} sources have more chunks than they should")
         try:
             vi = VectorIndex.load(self.vector_path, self.record.model, self.record.dim)
-            report["vector_index"] = {"count": len(vi), "generation": vi.generation}
+            report["vector_index"] = {"count": len(vi), "generation": vi.generation,
+                                      "log": vi.log_size()}
             keys_ok = all(vi.contains(r[0]) for r in rows)
             if len(vi) != len(rows) or not keys_ok:
                 report["problems"].append(
@@ -417,8 +459,13 @@ class KnowledgeBase:
             report["vector_index"] = {"error": str(err)}
             report["problems"].append(f"vector index: {err}")
         try:
-            ki = KeywordIndex.load(self.keyword_path)
-            report["keyword_index"] = {"count": ki.doc_count(), "generation": ki.generation}
+            ki = keyword_engine_mod.load(self.record.keyword_engine, self.keyword_path)
+            report["keyword_index"] = {"engine": ki.engine, "count": ki.doc_count(),
+                                       "generation": ki.generation, "segments": ki.segment_count()}
+            wanted = self.wanted_engine(len(rows))
+            if wanted != ki.engine:
+                report["problems"].append(
+                    f"keyword index is {ki.engine}, the knowledge base asks for {wanted}")
             if ki.doc_count() != len(rows):
                 report["problems"].append(
                     f"keyword index holds {ki.doc_count()} passages, the catalogue {len(rows)}")
@@ -438,6 +485,7 @@ class KnowledgeBase:
                 self.keyword_path.with_suffix(".json").unlink(missing_ok=True)
                 self.vector_path.unlink(missing_ok=True)
                 self.vector_path.with_suffix(".json").unlink(missing_ok=True)
+                self.vector_path.with_suffix(".log").unlink(missing_ok=True)
                 with self.catalog.tx() as db:
                     bad = [r[0] for r in rows if not valid_vector(r[1], self.record.dim)]
                     db.executemany("DELETE FROM chunks WHERE kb_id = ? AND vkey = ?",

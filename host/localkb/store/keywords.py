@@ -9,15 +9,16 @@ Porter-stemmed; English, French and German stopwords are dropped.
 
 from __future__ import annotations
 
+import itertools
 import re
 import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from whoosh.analysis import Filter, RegexTokenizer
+from whoosh.analysis import Filter, Token, Tokenizer
 
 from localkb import __version__
 from localkb.atomic import read_json, write_json
@@ -82,6 +83,26 @@ def index_terms(token: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+def text_terms(text: str) -> list[tuple[int, str]]:
+    """(position, term) of everything a passage is indexed under, for every keyword engine.
+
+    The one analysis both engines index: each token's ``index_terms`` take consecutive
+    positions (the whole first, then its parts), and a dropped stopword leaves its position
+    empty, so a phrase "a b" is the two terms one position apart in either engine.
+    """
+    out: list[tuple[int, str]] = []
+    pos = 0
+    for m in _TOKEN.finditer(text):
+        terms = index_terms(m.group())
+        if not terms:
+            pos += 1
+            continue
+        for term in terms:
+            out.append((pos, term))
+            pos += 1
+    return out
+
+
 def query_terms(query: str) -> list[str]:
     """Whole, normalised, de-duplicated query terms (at most 12); code-like terms never split."""
     terms: list[str] = []
@@ -118,7 +139,7 @@ def _weighting():
 
 
 class CompoundFilter(Filter):
-    """Whoosh filter emitting ``index_terms`` of each token (module level: Whoosh pickles it)."""
+    """Whoosh filter emitting ``index_terms`` of each token (indexes made before ``TermsTokenizer``)."""
 
     def __call__(self, tokens):
         for t in tokens:
@@ -127,15 +148,31 @@ class CompoundFilter(Filter):
                 yield t
 
 
+class TermsTokenizer(Tokenizer):
+    """Whoosh tokenizer yielding ``text_terms`` (module level: Whoosh pickles it with the schema)."""
+
+    def __call__(self, value, positions=False, chars=False, keeporiginal=False,  # noqa: PLR0917 - Whoosh's signature
+                 removestops=True, start_pos=0, start_char=0, tokenize=True, mode="", **kwargs):
+        t = Token(positions, chars, removestops=removestops, mode=mode, **kwargs)
+        for pos, term in text_terms(value):
+            t.text = term
+            t.boost = 1.0
+            t.stopped = False
+            if positions:
+                t.pos = start_pos + pos
+            yield t
+
+
 def _analyzer():
-    return RegexTokenizer(TOKEN_PATTERN) | CompoundFilter()
+    return TermsTokenizer()
 
 
 def _schema():
     from whoosh.fields import ID, TEXT, Schema
 
+    # Positions are stored so that a phrase (terms at consecutive positions) can be asked for.
     return Schema(chunk_id=ID(stored=True, unique=True),
-                  content=TEXT(analyzer=_analyzer(), phrase=False))
+                  content=TEXT(analyzer=_analyzer(), phrase=True))
 
 
 @dataclass
@@ -149,8 +186,57 @@ class KeywordHit:
         return len(self.terms)
 
 
+def nonempty(upserts: Iterable[tuple[str, str]]) -> Iterator[tuple[str, str]] | None:
+    """``upserts`` as one iterator over all of them, or None when there are none.
+
+    Every engine's ``write`` takes a list or a generator (a big switch streams its
+    passages); a generator can be read only once, so its first item is looked at here
+    and put back in front.
+    """
+    it = iter(upserts)
+    first = next(it, None)
+    return None if first is None else itertools.chain((first,), it)
+
+
+#: Segments of one size tier (a factor of 4 in passages) that are merged into one.
+MERGE_FACTOR = 4
+
+
+def merge_tiers(writer, segments):
+    """Whoosh merge policy: MERGE_FACTOR segments of one size tier are merged, so is one a third deleted.
+
+    Every write adds a segment, and every query walks them all (12 at 300,000 passages
+    under Whoosh's own policy). Merging a tier when it fills keeps at most
+    MERGE_FACTOR - 1 segments per factor of 4 in size and merges each passage about
+    log4(N) times over its life; a one-note write merges only the small segments.
+    """
+    from math import log
+
+    from whoosh.reading import SegmentReader
+
+    def tier(seg) -> int:
+        return int(log(max(seg.doc_count_all(), 1), MERGE_FACTOR))
+
+    tiers: dict[int, list] = {}
+    for seg in segments:
+        tiers.setdefault(tier(seg), []).append(seg)
+    full = [t for t, segs in sorted(tiers.items()) if len(segs) >= MERGE_FACTOR]
+    upto = full[0] if full else -1
+    merge = [seg for seg in segments
+             if tier(seg) <= upto or seg.deleted_count() * 3 > seg.doc_count_all()]
+    if len(merge) < 2 and not any(seg.deleted_count() * 3 > seg.doc_count_all() for seg in merge):
+        return segments
+    for seg in merge:
+        reader = SegmentReader(writer.storage, writer.schema, seg)
+        writer.add_reader(reader)
+        reader.close()
+    return [seg for seg in segments if seg not in merge]
+
+
 class KeywordIndex:
     """Whoosh index in its own folder plus ``<folder>.json`` with the generation it reflects."""
+
+    engine = "whoosh"
 
     def __init__(self, folder: Path, ix) -> None:
         self.folder = folder
@@ -178,7 +264,7 @@ class KeywordIndex:
         from whoosh import index as windex
 
         meta = read_json(folder.with_suffix(".json"))
-        if meta is None or not folder.exists():
+        if meta is None or not folder.exists() or meta.get("engine", cls.engine) != cls.engine:
             raise IndexUnavailable(f"no keyword index at {folder.name}")
         try:
             ix = windex.open_dir(str(folder))
@@ -191,32 +277,33 @@ class KeywordIndex:
     def doc_count(self) -> int:
         return self.ix.doc_count()
 
+    def segment_count(self) -> int:
+        return len(self.ix._segments())
+
     def write(self, upserts: Iterable[tuple[str, str]], deletes: list[str], generation: int) -> None:
         """Apply changes in one Whoosh commit, then record the generation.
 
         ``upserts`` may be a generator (a big switch streams its passages through here).
         """
-        upserts = iter(upserts)
-        first = next(upserts, None)
-        if first is not None or deletes:
+        upserts = nonempty(upserts)
+        if upserts is not None or deletes:
             try:
                 writer = self.ix.writer(limitmb=128)
                 try:
                     for cid in deletes:
                         writer.delete_by_term("chunk_id", cid)
-                    if first is not None:
-                        writer.update_document(chunk_id=first[0], content=first[1])
-                    for cid, content in upserts:
+                    for cid, content in upserts or ():
                         writer.update_document(chunk_id=cid, content=content)
                 except BaseException:
                     writer.cancel()
                     raise
-                writer.commit()
+                writer.commit(mergetype=merge_tiers)
             except Exception as err:
                 raise IndexUnavailable(f"keyword index update failed: {err}") from err
         try:
-            write_json(self.meta_path, {"generation": generation, "count": self.doc_count(),
-                                        "saved": time.time(), "localkb": __version__})
+            write_json(self.meta_path, {"engine": self.engine, "generation": generation,
+                                        "count": self.doc_count(), "saved": time.time(),
+                                        "localkb": __version__})
         except OSError as err:
             raise IndexUnavailable(f"keyword index {self.folder.name} could not be saved: {err}") from err
         self.generation = generation
@@ -247,6 +334,29 @@ class KeywordIndex:
                                frozenset(t.decode("utf-8") if isinstance(t, bytes) else t
                                          for _f, t in hit.matched_terms()))
                     for hit in results]
+        except Exception as err:
+            raise IndexUnavailable(f"keyword search failed: {err}") from err
+
+    def phrase_search(self, terms: list[str], limit: int) -> list[KeywordHit]:
+        """Passages holding ``terms`` at consecutive positions, by BM25F of the phrase."""
+        from whoosh.query import Phrase
+
+        if not terms or limit <= 0:
+            return []
+        if len(terms) == 1:
+            return [h for h in self.search(terms, limit) if h.terms]
+        try:
+            results = self.searcher().search(Phrase("content", list(terms)), limit=limit)
+            return [KeywordHit(hit["chunk_id"], float(hit.score), frozenset(terms)) for hit in results]
+        except Exception as err:
+            raise IndexUnavailable(f"keyword search failed: {err}") from err
+
+    def doc_frequency(self, term: str) -> int:
+        """Live passages containing ``term`` (0 means no passage mentions it)."""
+        from whoosh.query import Term
+
+        try:
+            return sum(1 for _ in self.searcher().docs_for_query(Term("content", term)))
         except Exception as err:
             raise IndexUnavailable(f"keyword search failed: {err}") from err
 
