@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SCIFACT = REPO.parent / "shared" / "datasets" / "beir-scifact"
+# shared/ sits beside the checkout (or beside the folder of worktrees); SCIFACT overrides.
+SCIFACT = Path(os.environ["SCIFACT"]) if os.environ.get("SCIFACT") else next(
+    (p / "shared" / "datasets" / "beir-scifact" for p in (REPO.parent, REPO.parent.parent)
+     if (p / "shared").is_dir()), REPO.parent / "shared" / "datasets" / "beir-scifact")
 
 
 def scifact_docs(limit: int | None = None) -> list[dict]:

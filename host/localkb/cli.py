@@ -434,7 +434,8 @@ def cmd_eval(args, out: Out) -> int:
     from localkb.retrieval.evaluate import format_table, run_eval
 
     res = run_eval(args.path, modes=args.modes, model=args.model, k=args.k,
-                   rerank_model=args.rerank_model, limit_queries=args.limit_queries)
+                   rerank_model=args.rerank_model, limit_queries=args.limit_queries,
+                   keyword_engine=args.keyword_engine)
     out.emit(res, lambda: format_table(res))
     return 0
 
@@ -897,6 +898,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-k", type=int, default=10)
     c.add_argument("--rerank-model", default=None)
     c.add_argument("--limit-queries", type=int, default=None)
+    c.add_argument("--keyword-engine", choices=["auto", "whoosh", "tantivy"], default=None,
+                   help="keyword engine of the eval's knowledge base (default: as kb create)")
     c.set_defaults(func=cmd_eval)
     c = sub.add_parser("log", parents=[common], help="the query log")
     c.add_argument("--limit", type=int, default=20)

@@ -127,7 +127,7 @@ def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
 def run_eval(path: str | Path, *, modes: Sequence[str] = ("vector", "keyword", "hybrid"),
              model: str | None = None, k: int = 10, rerank_model: str | None = None,
              limit_queries: int | None = None, settings: Settings | None = None,
-             progress=None) -> dict:
+             keyword_engine: str | None = None, progress=None) -> dict:
     """Index the corpus into a temporary store and score every mode; returns a dict of figures."""
     corpus, queries, qrels = load_beir(Path(path))
     if limit_queries:
@@ -138,7 +138,7 @@ def run_eval(path: str | Path, *, modes: Sequence[str] = ("vector", "keyword", "
         base = settings or Settings.from_env()
         store = Store(replace(base, data_dir=Path(tmp)))
         try:
-            store.create_kb("eval", model=model)
+            store.create_kb("eval", model=model, keyword_engine=keyword_engine)
             kb = store.open_kb("eval")
             t0 = time.perf_counter()
             jobs = [(doc_id, _loader(doc_id, d)) for doc_id, d in corpus.items()]
@@ -152,7 +152,8 @@ def run_eval(path: str | Path, *, modes: Sequence[str] = ("vector", "keyword", "
                              "variant": kb.embedder.describe().get("variant"),
                              "documents": len(corpus), "passages": store.catalog.counts(kb.id)["chunks"],
                              "queries": len(queries), "index_seconds": round(index_s, 1),
-                             "failed_documents": failed, "modes": {}}
+                             "failed_documents": failed, "modes": {},
+                             "keyword_engine": store.resolve(kb.id).keyword_engine}
             ndcgs: dict[str, list[float]] = {}
             for mode, rerank in run_modes:
                 per_query, latencies = {}, []
@@ -203,7 +204,7 @@ def format_table(res: dict) -> str:
     cols = ["recall@1", "recall@3", "recall@5", "recall@10", "mrr@10", "ndcg@10"]
     lines = [f"{res['dataset']}: {res['documents']} documents, {res['passages']} passages, "
              f"{res['queries']} queries; model {res['model']} ({res['variant']}); "
-             f"indexed in {res['index_seconds']} s",
+             f"keyword engine {res.get('keyword_engine')}; indexed in {res['index_seconds']} s",
              f"{'mode':22} " + " ".join(f"{c:>9}" for c in cols)
              + f" {'ndcg@10 95% CI':>15} {'median ms':>10} {'p95 ms':>8}"]
     for mode, m in res["modes"].items():

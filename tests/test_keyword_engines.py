@@ -1,0 +1,172 @@
+"""Both keyword engines index the same terms and answer the same questions; the choice is per knowledge base."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, run_cli
+from localkb.doctor import doctor
+from localkb.ingest.extract import extract_text
+from localkb.ingest.pipeline import add_document
+from localkb.retrieval.search import Searcher
+from localkb.store import keyword_engine
+from localkb.store.keywords import query_terms, text_terms
+from localkb.store.tantivy_index import term_stream
+
+SCIFACT = next((p / "shared" / "datasets" / "beir-scifact" for p in (REPO.parent, REPO.parent.parent)
+                if (p / "shared").is_dir()), REPO / "absent")
+
+
+def _passages() -> list[tuple[str, str]]:
+    """The code-heavy eval's pages plus SciFact abstracts when the data set is here."""
+    rows = [json.loads(line) for line in (REPO / "evals" / "codes" / "corpus.jsonl").open()]
+    if (SCIFACT / "corpus.jsonl").is_file():
+        with (SCIFACT / "corpus.jsonl").open() as fh:
+            rows += [json.loads(next(fh)) for _ in range(400)]
+    return [(f"d{i}", f"{r.get('title', '')}\n{r['text']}") for i, r in enumerate(rows)]
+
+
+def _queries() -> list[str]:
+    qs = [json.loads(line)["text"] for line in (REPO / "evals" / "codes" / "queries.jsonl").open()]
+    if (SCIFACT / "queries.jsonl").is_file():
+        with (SCIFACT / "queries.jsonl").open() as fh:
+            qs += [json.loads(next(fh))["text"] for _ in range(100)]
+    return qs
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory):
+    docs = _passages()
+    out = {}
+    for engine in keyword_engine.ENGINES:
+        ki = keyword_engine.create(engine, tmp_path_factory.mktemp(engine) / "kw")
+        ki.write(docs, [], 1)
+        out[engine] = ki
+    yield out
+    for ki in out.values():
+        ki.close()
+
+
+def test_tantivy_is_fed_exactly_our_terms_at_our_positions():
+    text = "The ERR_4521 error, in v2.3 of pathlib.Path.walk: e-mail it."
+    stream = term_stream(text).split(" ")
+    assert [(i, t) for i, t in enumerate(stream) if t != "\x00"] == text_terms(text)
+    assert "err_4521" in stream and "4521" in stream and "pathlib.path.walk" in stream
+
+
+def test_engines_rank_the_same_passages_with_the_same_terms(both):
+    overlaps, compared = [], 0
+    for q in _queries():
+        terms = query_terms(q)
+        w = both["whoosh"].search(terms, 10)
+        t = both["tantivy"].search(terms, 10)
+        assert len(w) == len(t), q
+        if not w:
+            continue
+        overlaps.append(len({h.chunk_id for h in w} & {h.chunk_id for h in t}) / len(w))
+        wt = {h.chunk_id: h for h in w}
+        for h in t:
+            if h.chunk_id in wt:
+                compared += 1
+                assert h.terms == wt[h.chunk_id].terms, q
+                # Same BM25 up to how each engine rounds a passage's length (one byte each).
+                assert h.bm25 == pytest.approx(wt[h.chunk_id].bm25, rel=0.08), q
+    assert compared > 100
+    assert sum(overlaps) / len(overlaps) >= 0.95
+
+
+def test_engines_agree_on_phrases_and_document_frequency(both):
+    for terms in (["disk", "full"], ["full", "disk"], ["err_4521"], ["cell", "line"], ["nonexistentterm"]):
+        got = {e: sorted(h.chunk_id for h in ki.phrase_search(terms, 500)) for e, ki in both.items()}
+        assert got["whoosh"] == got["tantivy"], terms
+    for term in ("err_4521", "err_4512", "cell", "e-mail", "mail", "nonexistentterm"):
+        assert both["whoosh"].doc_frequency(term) == both["tantivy"].doc_frequency(term), term
+    assert both["tantivy"].doc_frequency("nonexistentterm") == 0
+
+
+def _fill(kb, n: int = 6) -> None:
+    for i in range(n):
+        add_document(kb, extract_text(f"Error ERR_45{i:02d} means disk {i} is full. Replace disk {i}.",
+                                      title=f"ERR_45{i:02d}"), key=f"page:{i}")
+
+
+def test_switching_the_engine_rebuilds_the_index_from_the_catalogue(store, kb):
+    _fill(kb)
+    assert kb.record.keyword_engine == "whoosh"
+    before = Searcher(store).search(["Docs"], "ERR_4503 disk", mode="keyword").hits
+    rec = store.update_kb("Docs", keyword_engine="tantivy")
+    assert rec.keyword_engine == "tantivy" and rec.public()["keyword_engine_choice"] == "tantivy"
+    assert not (store.kb_dir(kb.id) / "keywords").exists()  # the other engine's index is gone
+    kb2 = store.open_kb("Docs")
+    _, ki = kb2.indexes()
+    assert ki.engine == "tantivy" and ki.doc_count() == 6
+    after = Searcher(store).search(["Docs"], "ERR_4503 disk", mode="keyword").hits
+    assert [h.chunk_id for h in after][:1] == [h.chunk_id for h in before][:1]
+    assert after[0].title == "ERR_4503"
+    assert doctor(store)["clean"]
+    _fill(kb2, 8)  # writes keep going to the engine now chosen
+    assert kb2.indexes()[1].doc_count() == 8
+
+
+def test_doctor_finds_and_repairs_a_broken_tantivy_index(store, kb):
+    import shutil
+
+    store.update_kb("Docs", keyword_engine="tantivy")
+    _fill(store.open_kb("Docs"))
+    store.open_kb("Docs").close()
+    shutil.rmtree(store.kb_dir(kb.id) / "keywords-tantivy")
+    report = doctor(store)
+    assert not report["clean"] and any("keyword index" in p for p in report["knowledge_bases"][0]["problems"])
+    repaired = doctor(store, repair=True)
+    assert repaired["knowledge_bases"][0]["problems_after_repair"] == []
+    assert doctor(store)["knowledge_bases"][0]["keyword_index"]["engine"] == "tantivy"
+
+
+def test_auto_moves_a_growing_knowledge_base_to_tantivy(store, kb, monkeypatch):
+    monkeypatch.setattr(keyword_engine, "AUTO_TANTIVY_FROM", 4)
+    assert kb.record.settings["keyword_engine"] == "auto"
+    _fill(kb, 3)
+    assert store.resolve("Docs").keyword_engine == "whoosh"
+    _fill(kb, 5)
+    rec = store.resolve("Docs")
+    assert rec.keyword_engine == "tantivy" and rec.public()["keyword_engine_choice"] == "auto"
+    assert kb.indexes()[1].engine == "tantivy" and kb.indexes()[1].doc_count() == 5
+    assert doctor(store)["clean"]
+
+
+def test_whoosh_keeps_few_segments_over_many_small_writes(tmp_path: Path):
+    ki = keyword_engine.create("whoosh", tmp_path / "kw")
+    ki.write([(f"big{i}", f"passage {i} about cells") for i in range(300)], [], 1)
+    for i in range(40):
+        ki.write([(f"note{i}", f"a small note {i}")], [], i + 2)
+    # A size tier (a factor of 4 in passages) holds at most MERGE_FACTOR - 1 old segments and the new one.
+    import math
+
+    from localkb.store.keywords import MERGE_FACTOR
+
+    sizes = [seg.doc_count_all() for seg in ki.ix._segments()]
+    tiers = [int(math.log(n, MERGE_FACTOR)) for n in sizes]
+    assert max(tiers.count(t) for t in tiers) <= MERGE_FACTOR, sizes
+    assert len(sizes) <= 1 + MERGE_FACTOR * 3  # the big one, and 40 notes span tiers 0-2
+    assert ki.doc_count() == 340
+    ki.close()
+
+
+def test_cli_kb_update_switches_and_kb_list_reports_the_engine(tmp_path: Path):
+    home = tmp_path / "home"
+    note = tmp_path / "n.md"
+    note.write_text("# Widgets\n\nThe SKU-88-A widget ships with a two-year warranty.")
+    run_cli(["kb", "create", "Docs"], home, check=True)
+    run_cli(["add", "Docs", str(note)], home, check=True)
+    listed = json.loads(run_cli(["kb", "list", "--json"], home, check=True).stdout)["knowledge_bases"]
+    assert (listed[0]["keyword_engine"], listed[0]["keyword_engine_choice"]) == ("whoosh", "auto")
+    out = run_cli(["kb", "update", "Docs", "--keyword-engine", "tantivy"], home, check=True).stdout
+    assert "keyword engine tantivy" in out
+    assert "tantivy" in run_cli(["kb", "list"], home, check=True).stdout
+    found = json.loads(run_cli(["search", "Docs", "SKU-88-A", "--json"], home, check=True).stdout)
+    assert found["hits"][0]["title"] == "Widgets"
+    bad = run_cli(["kb", "update", "Docs", "--keyword-engine", "lucene"], home)
+    assert bad.returncode != 0
