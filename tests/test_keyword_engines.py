@@ -1,4 +1,4 @@
-"""Both keyword engines index the same terms and answer the same questions; the choice is per knowledge base."""
+"""Both keyword engines index the same terms and answer alike; the engine is chosen per knowledge base."""
 
 from __future__ import annotations
 

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, run_cli
+from localkb.config import Settings
 from localkb.errors import EmbeddingUnavailable, IndexUnavailable, InvalidInput, KnowledgeBaseNotFound
 from localkb.ingest.extract import extract_text
 from localkb.ingest.pipeline import add_document, ingest_documents
 from localkb.retrieval.evaluate import run_eval
 from localkb.retrieval.hybrid import rrf
 from localkb.retrieval.search import Searcher, fetch_k, keyword_weight, status_line
-from localkb.config import Settings
 from localkb.store import keyword_engine
 from localkb.store.keywords import KeywordHit, query_terms
 
