@@ -244,6 +244,7 @@ class KeywordIndex:
         self.ix = ix
         self.generation = -1
         self._searcher = None
+        self._taat = None
 
     @classmethod
     def create(cls, folder: Path) -> KeywordIndex:
@@ -312,17 +313,31 @@ class KeywordIndex:
     def _close_searcher(self) -> None:
         if self._searcher is not None:
             self._searcher.close()
-            self._searcher = None
+            self._searcher = self._taat = None
 
     def searcher(self):
+        """The open searcher; a write closes it, and another process's write reloads this index."""
         if self._searcher is None:
+            from localkb.store.whoosh_scoring import TermAtATime
+
             self._searcher = self.ix.searcher(weighting=_weighting())
-        else:
-            self._searcher = self._searcher.refresh()
+            self._taat = TermAtATime(self._searcher)
         return self._searcher
 
     def search(self, terms: list[str], limit: int) -> list[KeywordHit]:
-        """BM25F, any term may match (OR)."""
+        """BM25F, any term may match (OR); scored term at a time (whoosh_scoring.py)."""
+        if not terms or limit <= 0:
+            return []
+        try:
+            searcher = self.searcher()
+            return [KeywordHit(searcher.stored_fields(doc)["chunk_id"], score,
+                               frozenset(t for i, t in enumerate(terms) if mask >> i & 1))
+                    for doc, score, mask in self._taat.search(terms, limit)]
+        except Exception as err:
+            raise IndexUnavailable(f"keyword search failed: {err}") from err
+
+    def search_matchers(self, terms: list[str], limit: int) -> list[KeywordHit]:
+        """The same OR query through Whoosh's own matchers and collector (the benches compare)."""
         from whoosh.query import Or, Term
 
         if not terms or limit <= 0:
