@@ -416,10 +416,17 @@ class KnowledgeBase:
             if change:
                 with self._lock:
                     try:
-                        self._apply(self._vectors, self._keywords, change.upserted + change.deleted, gen)
+                        touched = change.upserted + change.deleted
+                        engine = self._keywords.engine
+                        if self.wanted_engine(self._keywords.doc_count() + len(change.upserted)) != engine:
+                            engine = self.wanted_engine()  # ``auto`` may cross its line: count exactly
+                        if engine == self._keywords.engine:
+                            self._apply(self._vectors, self._keywords, touched, gen)
+                        else:  # the other engine, built from the catalogue, not this one updated
+                            self._apply(self._vectors, None, touched, gen)
+                            self._keywords.close()
+                            self._keywords = self._rebuild_keywords(gen, engine)
                         self._prune(gen)
-                        if self.wanted_engine(self._keywords.doc_count()) != self._keywords.engine:
-                            self._repair()  # ``auto`` crossed its passage count: the other engine
                     except LocalKBError as err:
                         self.close()
                         self.catalog.log_error("index", err.code, str(err), kb_id=self.id)

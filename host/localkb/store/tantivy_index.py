@@ -16,12 +16,14 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Iterable
+from functools import lru_cache
 from pathlib import Path
 
 from localkb import __version__
 from localkb.atomic import read_json, write_json
 from localkb.errors import IndexUnavailable
-from localkb.store.keywords import MAX_QUERY_TERMS, KeywordHit, nonempty, text_terms
+from localkb.store.keywords import _TOKEN as TOKEN
+from localkb.store.keywords import MAX_QUERY_TERMS, KeywordHit, index_terms, nonempty
 
 ANALYZER = "localkb_terms"
 #: Stands for an empty position (a dropped stopword); removed before indexing, never a term.
@@ -47,14 +49,18 @@ def _register(ix) -> None:
     ix.register_tokenizer(ANALYZER, analyzer)
 
 
+@lru_cache(maxsize=200_000)
+def _piece(token: str) -> str:
+    return " ".join(index_terms(token)) or FILLER
+
+
 def term_stream(text: str) -> str:
-    """Our terms for ``text``, one per position (empty positions as FILLER), joined by spaces."""
-    out: list[str] = []
-    for pos, term in text_terms(text):
-        if pos > len(out):
-            out.extend([FILLER] * (pos - len(out)))
-        out.append(term)
-    return " ".join(out)
+    """``text_terms(text)`` as tantivy reads it: one term per position, a FILLER where one is empty.
+
+    Built per token from the same ``index_terms`` (cached), so a passage costs one regex
+    scan and a join; a test holds it equal to ``text_terms``.
+    """
+    return " ".join(map(_piece, TOKEN.findall(text)))
 
 
 class TantivyIndex:

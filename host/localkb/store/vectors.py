@@ -230,15 +230,17 @@ class VectorIndex:
 
     def fold(self, generation: int) -> None:
         """Write base + log as a new base file at ``generation`` and start an empty log."""
-        full = _new_index(self.dim)
-        if self.base is not None:
+        if self.base is None:
+            full = self.delta  # already an HNSW graph of exactly these vectors: saved as it is
+        else:
+            full = _new_index(self.dim)
             full.load(str(self.path))
             dead = np.fromiter(self.dead, dtype=np.uint64, count=len(self.dead))
             if len(dead):
                 full.remove(dead)
-        if len(self.delta):
-            keys = np.asarray(self.delta.keys, dtype=np.uint64)
-            full.add(keys, np.asarray(self.delta.get(keys), dtype=np.float32))
+            if len(self.delta):
+                keys = np.asarray(self.delta.keys, dtype=np.uint64)
+                full.add(keys, np.asarray(self.delta.get(keys), dtype=np.float32))
         self._write_base(full, generation)
         self.base = None
         self.base_count = len(full)
