@@ -898,8 +898,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-k", type=int, default=10)
     c.add_argument("--rerank-model", default=None)
     c.add_argument("--limit-queries", type=int, default=None)
-    c.add_argument("--keyword-engine", choices=["auto", "whoosh", "tantivy"], default=None,
-                   help="keyword engine of the eval's knowledge base (default: as kb create)")
+    c.add_argument("--keyword-engine", choices=["auto", "whoosh", "tantivy"], nargs="+", default=None,
+                   help="keyword engine of the eval's knowledge base (default: as kb create); "
+                        "several: each scored on the same passages and vectors, paired")
     c.set_defaults(func=cmd_eval)
     c = sub.add_parser("log", parents=[common], help="the query log")
     c.add_argument("--limit", type=int, default=20)

@@ -127,8 +127,16 @@ def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
 def run_eval(path: str | Path, *, modes: Sequence[str] = ("vector", "keyword", "hybrid"),
              model: str | None = None, k: int = 10, rerank_model: str | None = None,
              limit_queries: int | None = None, settings: Settings | None = None,
-             keyword_engine: str | None = None, progress=None) -> dict:
-    """Index the corpus into a temporary store and score every mode; returns a dict of figures."""
+             keyword_engine: str | Sequence[str] | None = None, progress=None) -> dict:
+    """Index the corpus into a temporary store and score every mode; returns a dict of figures.
+
+    Several keyword engines (``keyword_engine=["whoosh", "tantivy"]``) are scored on the
+    same passages and vectors: after the first, the knowledge base is switched (its keyword
+    index rebuilt from the catalogue) and the keyword-using modes run again, named
+    ``mode[engine]`` and compared with the first engine's hybrid query by query.
+    """
+    engines = [keyword_engine] if isinstance(keyword_engine, str) or keyword_engine is None \
+        else list(keyword_engine)
     corpus, queries, qrels = load_beir(Path(path))
     if limit_queries:
         queries = dict(list(queries.items())[:limit_queries])
@@ -138,7 +146,7 @@ def run_eval(path: str | Path, *, modes: Sequence[str] = ("vector", "keyword", "
         base = settings or Settings.from_env()
         store = Store(replace(base, data_dir=Path(tmp)))
         try:
-            store.create_kb("eval", model=model, keyword_engine=keyword_engine)
+            store.create_kb("eval", model=model, keyword_engine=engines[0])
             kb = store.open_kb("eval")
             t0 = time.perf_counter()
             jobs = [(doc_id, _loader(doc_id, d)) for doc_id, d in corpus.items()]
@@ -153,9 +161,18 @@ def run_eval(path: str | Path, *, modes: Sequence[str] = ("vector", "keyword", "
                              "documents": len(corpus), "passages": store.catalog.counts(kb.id)["chunks"],
                              "queries": len(queries), "index_seconds": round(index_s, 1),
                              "failed_documents": failed, "modes": {},
-                             "keyword_engine": store.resolve(kb.id).keyword_engine}
+                             "keyword_engine": store.resolve(kb.id).keyword_engine,
+                             "keyword_engines": [store.resolve(kb.id).keyword_engine, *engines[1:]]}
             ndcgs: dict[str, list[float]] = {}
-            for mode, rerank in run_modes:
+            passes = [(m, r, m + ("+rerank" if r else "")) for m, r in run_modes]
+            for e in engines[1:]:
+                passes.append((e, None, None))  # switch the engine, then its keyword modes
+                passes += [(m, r, f"{m}{'+rerank' if r else ''}[{e}]") for m, r in run_modes
+                           if m != "vector"]
+            for mode, rerank, name in passes:
+                if name is None:
+                    store.update_kb(kb.id, keyword_engine=mode)
+                    continue
                 per_query, latencies = {}, []
                 for qid, q in queries.items():
                     t1 = time.perf_counter()
@@ -174,7 +191,6 @@ def run_eval(path: str | Path, *, modes: Sequence[str] = ("vector", "keyword", "
                 kinds: dict[str, list] = defaultdict(list)
                 for qid, m in per_query.items():
                     kinds[str(queries[qid].get("kind") or "all")].append(m)
-                name = mode + ("+rerank" if rerank else "")
                 ndcgs[name] = [m["ndcg@10"] for m in per_query.values()]
                 results["modes"][name] = {
                     "overall": _mean(list(per_query.values())),
