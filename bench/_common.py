@@ -1,10 +1,11 @@
-"""Shared by the benchmarks: where SciFact is, and a fallback text generator."""
+"""Shared by the benchmarks: where SciFact is, a fallback text generator, and how rounds are interleaved."""
 
 from __future__ import annotations
 
 import json
 import os
 import random
+import statistics
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,3 +38,18 @@ def peak_rss_mb() -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def rotated(items: list, r: int) -> list:
+    """``items`` in round ``r``'s order: rotated by ``r``, so each goes first in turn (A/B, B/A, ...).
+
+    Benches that compare things time each once per round in this order, so load on a
+    shared machine falls on all of them alike.
+    """
+    k = r % len(items) if items else 0
+    return items[k:] + items[:k]
+
+
+def spread(values: list[float], fmt: str = ".2f") -> str:
+    """min/median/max of ``values``, the way every bench prints a figure measured over rounds."""
+    return "/".join(format(v, fmt) for v in (min(values), statistics.median(values), max(values)))
