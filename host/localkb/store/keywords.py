@@ -233,10 +233,24 @@ def merge_tiers(writer, segments):
     return [seg for seg in segments if seg not in merge]
 
 
-class KeywordIndex:
-    """Whoosh index in its own folder plus ``<folder>.json`` with the generation it reflects."""
+def fresh_folder(folder: Path) -> None:
+    """An empty folder for a new index (what was there is derived: it goes)."""
+    if folder.is_dir():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
 
-    engine = "whoosh"
+
+def saved_meta(folder: Path, engine: str) -> dict:
+    """``<folder>.json`` of a saved index of ``engine``; ``IndexUnavailable`` when there is none."""
+    meta = read_json(folder.with_suffix(".json"))
+    if meta is None or not folder.exists() or meta.get("engine", "whoosh") != engine:
+        raise IndexUnavailable(f"no {engine} keyword index at {folder.name}")
+    return meta
+
+
+class EngineBase:
+    """What both keyword engines share: an index in its own folder, ``<folder>.json`` beside it
+    with the generation it reflects, and the phrase operation (one term is a term search)."""
 
     def __init__(self, folder: Path, ix) -> None:
         self.folder = folder
@@ -244,36 +258,68 @@ class KeywordIndex:
         self.ix = ix
         self.generation = -1
         self._searcher = None
-        self._taat = None
 
     @classmethod
-    def create(cls, folder: Path) -> KeywordIndex:
-        from whoosh import index as windex
-
+    def create(cls, folder: Path):
+        """A new, empty index in ``folder`` (whatever was there goes)."""
         try:
-            if folder.is_dir():
-                shutil.rmtree(folder)
-            folder.mkdir(parents=True)
-            ki = cls(folder, windex.create_in(str(folder), _schema()))
-        except OSError as err:
+            fresh_folder(folder)
+            ki = cls(folder, cls._new(folder))
+        except (OSError, ValueError) as err:
             raise IndexUnavailable(f"keyword index {folder.name} could not be created: {err}") from err
         ki.generation = 0
         return ki
 
     @classmethod
-    def load(cls, folder: Path) -> KeywordIndex:
-        from whoosh import index as windex
-
-        meta = read_json(folder.with_suffix(".json"))
-        if meta is None or not folder.exists() or meta.get("engine", cls.engine) != cls.engine:
-            raise IndexUnavailable(f"no keyword index at {folder.name}")
+    def load(cls, folder: Path):
+        """The saved index in ``folder``; ``IndexUnavailable`` if absent, unreadable or another engine's."""
+        meta = saved_meta(folder, cls.engine)
         try:
-            ix = windex.open_dir(str(folder))
+            ki = cls(folder, cls._open(folder))
         except Exception as err:
             raise IndexUnavailable(f"keyword index {folder.name} could not be read: {err}") from err
-        ki = cls(folder, ix)
         ki.generation = int(meta.get("generation", -1))
         return ki
+
+    def _save_meta(self, generation: int) -> None:
+        """Record the generation the index now reflects (after its commit)."""
+        try:
+            write_json(self.meta_path, {"engine": self.engine, "generation": generation,
+                                        "count": self.doc_count(), "saved": time.time(),
+                                        "localkb": __version__})
+        except OSError as err:
+            raise IndexUnavailable(f"keyword index {self.folder.name} could not be saved: {err}") from err
+        self.generation = generation
+
+    def phrase_search(self, terms: list[str], limit: int) -> list[KeywordHit]:
+        """Passages holding ``terms`` at consecutive positions, by BM25 of the phrase."""
+        if not terms or limit <= 0:
+            return []
+        if len(terms) == 1:
+            return [h for h in self.search(terms, limit) if h.terms]
+        return self._phrase(list(terms), limit)
+
+
+class KeywordIndex(EngineBase):
+    """Whoosh index in its own folder plus ``<folder>.json`` with the generation it reflects."""
+
+    engine = "whoosh"
+
+    def __init__(self, folder: Path, ix) -> None:
+        super().__init__(folder, ix)
+        self._taat = None
+
+    @staticmethod
+    def _new(folder: Path):
+        from whoosh import index as windex
+
+        return windex.create_in(str(folder), _schema())
+
+    @staticmethod
+    def _open(folder: Path):
+        from whoosh import index as windex
+
+        return windex.open_dir(str(folder))
 
     def doc_count(self) -> int:
         return self.ix.doc_count()
@@ -301,13 +347,7 @@ class KeywordIndex:
                 writer.commit(mergetype=merge_tiers)
             except Exception as err:
                 raise IndexUnavailable(f"keyword index update failed: {err}") from err
-        try:
-            write_json(self.meta_path, {"engine": self.engine, "generation": generation,
-                                        "count": self.doc_count(), "saved": time.time(),
-                                        "localkb": __version__})
-        except OSError as err:
-            raise IndexUnavailable(f"keyword index {self.folder.name} could not be saved: {err}") from err
-        self.generation = generation
+        self._save_meta(generation)
         self._close_searcher()
 
     def _close_searcher(self) -> None:
@@ -352,16 +392,11 @@ class KeywordIndex:
         except Exception as err:
             raise IndexUnavailable(f"keyword search failed: {err}") from err
 
-    def phrase_search(self, terms: list[str], limit: int) -> list[KeywordHit]:
-        """Passages holding ``terms`` at consecutive positions, by BM25F of the phrase."""
+    def _phrase(self, terms: list[str], limit: int) -> list[KeywordHit]:
         from whoosh.query import Phrase
 
-        if not terms or limit <= 0:
-            return []
-        if len(terms) == 1:
-            return [h for h in self.search(terms, limit) if h.terms]
         try:
-            results = self.searcher().search(Phrase("content", list(terms)), limit=limit)
+            results = self.searcher().search(Phrase("content", terms), limit=limit)
             return [KeywordHit(hit["chunk_id"], float(hit.score), frozenset(terms)) for hit in results]
         except Exception as err:
             raise IndexUnavailable(f"keyword search failed: {err}") from err

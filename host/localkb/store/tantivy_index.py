@@ -13,17 +13,19 @@ the Lucene idf our Whoosh weighting uses.
 
 from __future__ import annotations
 
-import shutil
-import time
 from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
 
-from localkb import __version__
-from localkb.atomic import read_json, write_json
 from localkb.errors import IndexUnavailable
 from localkb.store.keywords import _TOKEN as TOKEN
-from localkb.store.keywords import MAX_QUERY_TERMS, KeywordHit, index_terms, nonempty
+from localkb.store.keywords import (
+    MAX_QUERY_TERMS,
+    EngineBase,
+    KeywordHit,
+    index_terms,
+    nonempty,
+)
 
 ANALYZER = "localkb_terms"
 #: Stands for an empty position (a dropped stopword); removed before indexing, never a term.
@@ -63,50 +65,30 @@ def term_stream(text: str) -> str:
     return " ".join(map(_piece, TOKEN.findall(text)))
 
 
-class TantivyIndex:
+class TantivyIndex(EngineBase):
     """A tantivy index in its own folder plus ``<folder>.json`` with the generation it reflects."""
 
     engine = "tantivy"
 
     def __init__(self, folder: Path, ix) -> None:
-        self.folder = folder
-        self.meta_path = folder.with_suffix(".json")
-        self.ix = ix
+        super().__init__(folder, ix)
         self.schema = ix.schema
-        self.generation = -1
-        self._searcher = None
 
-    @classmethod
-    def create(cls, folder: Path) -> TantivyIndex:
+    @staticmethod
+    def _new(folder: Path):
         import tantivy
 
-        try:
-            if folder.is_dir():
-                shutil.rmtree(folder)
-            folder.mkdir(parents=True)
-            ix = tantivy.Index(_schema(), path=str(folder), reuse=False)
-        except (OSError, ValueError) as err:
-            raise IndexUnavailable(f"keyword index {folder.name} could not be created: {err}") from err
+        ix = tantivy.Index(_schema(), path=str(folder), reuse=False)
         _register(ix)
-        ki = cls(folder, ix)
-        ki.generation = 0
-        return ki
+        return ix
 
-    @classmethod
-    def load(cls, folder: Path) -> TantivyIndex:
+    @staticmethod
+    def _open(folder: Path):
         import tantivy
 
-        meta = read_json(folder.with_suffix(".json"))
-        if meta is None or not folder.exists() or meta.get("engine") != cls.engine:
-            raise IndexUnavailable(f"no tantivy keyword index at {folder.name}")
-        try:
-            ix = tantivy.Index.open(str(folder))
-        except (OSError, ValueError) as err:
-            raise IndexUnavailable(f"keyword index {folder.name} could not be read: {err}") from err
+        ix = tantivy.Index.open(str(folder))
         _register(ix)
-        ki = cls(folder, ix)
-        ki.generation = int(meta.get("generation", -1))
-        return ki
+        return ix
 
     def searcher(self):
         if self._searcher is None:
@@ -146,13 +128,7 @@ class TantivyIndex:
                 raise IndexUnavailable(f"keyword index update failed: {err}") from err
             self.ix.reload()
             self._searcher = None
-        try:
-            write_json(self.meta_path, {"engine": self.engine, "generation": generation,
-                                        "count": self.doc_count(), "saved": time.time(),
-                                        "localkb": __version__})
-        except OSError as err:
-            raise IndexUnavailable(f"keyword index {self.folder.name} could not be saved: {err}") from err
-        self.generation = generation
+        self._save_meta(generation)
 
     # -- queries ---------------------------------------------------------------
     def _term(self, term: str):
@@ -200,17 +176,12 @@ class TantivyIndex:
             out[s.doc(addr)["chunk_id"][0]] = frozenset(t for i, t in enumerate(terms) if mask >> i & 1)
         return out
 
-    def phrase_search(self, terms: list[str], limit: int) -> list[KeywordHit]:
-        """Passages holding ``terms`` at consecutive positions, by BM25 of the phrase."""
+    def _phrase(self, terms: list[str], limit: int) -> list[KeywordHit]:
         import tantivy
 
-        if not terms or limit <= 0:
-            return []
-        if len(terms) == 1:
-            return [h for h in self.search(terms, limit) if h.terms]
         try:
             s = self.searcher()
-            query = tantivy.Query.phrase_query(self.schema, "content", list(terms))
+            query = tantivy.Query.phrase_query(self.schema, "content", terms)
             return [KeywordHit(s.doc(addr)["chunk_id"][0], float(score), frozenset(terms))
                     for score, addr in s.search(query, limit, count=False).hits]
         except (OSError, ValueError, RuntimeError) as err:
