@@ -9,7 +9,8 @@ claims' query terms, top fetch_k(8) = 32:
   matchers          the same with the searcher kept open between queries
   taat-nocache      term-at-a-time BM25 in numpy, field lengths in memory, postings read per query
   taat              the same with recent postings kept (the product's search)
-Also checks that every variant returns the same passages, scores and matched terms.
+Also checks that taat returns the same scores, and the same passages and matched terms above
+the last score (passages tied at the cut may be kept in either order).
 """
 
 from __future__ import annotations
@@ -56,13 +57,15 @@ def main() -> None:
                     "matchers": lambda terms, ki=ki: ki.search_matchers(terms, want),
                     "taat-nocache": nocache, "taat": lambda terms, ki=ki: ki.search(terms, want)}
         ki.searcher()
-        differ = 0
+        differ = 0  # beyond ties at the cut (equal scores at rank 32 may be kept in either order)
         for terms in qs:
             ref = variants["matchers"](terms)
             got = variants["taat"](terms)
-            pairs = zip(ref, got, strict=False)
-            if ([h.chunk_id for h in ref] != [h.chunk_id for h in got]
-                    or any(abs(a.bm25 - b.bm25) > 1e-9 or a.terms != b.terms for a, b in pairs)):
+            last = ref[-1].bm25 if ref else 0.0
+            same_scores = len(ref) == len(got) and all(
+                abs(a.bm25 - b.bm25) < 1e-9 for a, b in zip(ref, got, strict=True))
+            above = {(h.chunk_id, h.terms) for h in ref if h.bm25 > last + 1e-9}
+            if not same_scores or above != {(h.chunk_id, h.terms) for h in got if h.bm25 > last + 1e-9}:
                 differ += 1
         names = list(variants)
         p50s: dict[str, list[float]] = {n: [] for n in names}
@@ -75,7 +78,7 @@ def main() -> None:
                     lat.append((time.perf_counter() - t0) * 1000)
                 p50s[n].append(statistics.median(lat))
         print(f"{ki.doc_count():,} passages, {ki.segment_count()} segments, {len(qs)} queries x "
-              f"{args.rounds} rounds; results differing between matchers and taat: {differ}")
+              f"{args.rounds} rounds; results differing between matchers and taat (beyond ties at the cut): {differ}")
         base = p50s["matchers+refresh"]
         for n in names:
             ratio = [b / x for b, x in zip(base, p50s[n], strict=True)]
