@@ -78,7 +78,7 @@ def main() -> None:
                     lat.append((time.perf_counter() - t0) * 1000)
                 p50s[n].append(statistics.median(lat))
         print(f"{ki.doc_count():,} passages, {ki.segment_count()} segments, {len(qs)} queries x "
-              f"{args.rounds} rounds; results differing between matchers and taat (beyond ties at the cut): {differ}")
+              f"{args.rounds} rounds; differing from matchers beyond ties at the cut: {differ}")
         base = p50s["matchers+refresh"]
         for n in names:
             ratio = [b / x for b, x in zip(base, p50s[n], strict=True)]
