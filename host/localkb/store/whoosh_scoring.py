@@ -62,12 +62,20 @@ def _postings(reader, term: str) -> tuple[np.ndarray, np.ndarray]:
     matcher = getattr(matcher, "child", matcher)  # unwrap the deletion filter; applied later
     ids, tfs = [], []
     while matcher.is_active():
-        if matcher._ids is None:
-            matcher._read_ids()
-        if matcher._weights is None:
-            matcher._read_weights()
-        ids.append(np.asarray(matcher._ids, dtype=np.int64))
-        tfs.append(np.asarray(matcher._weights, dtype=np.float64))
+        # The block's raw tuple, decoded here with numpy: Whoosh's own _read_ids undoes the
+        # delta coding one id at a time in a Python generator, most of a cold read's cost.
+        if matcher._data is None:
+            matcher._read_data()
+        raw_ids, raw_w = matcher._data[0], matcher._data[1]
+        block = np.asarray(raw_ids, dtype=np.int64)
+        ids.append(block if matcher._byteids else np.cumsum(block))
+        n = matcher._blocklength
+        if raw_w is None:
+            tfs.append(np.ones(n))
+        elif isinstance(raw_w, float):
+            tfs.append(np.full(n, raw_w))
+        else:
+            tfs.append(np.asarray(raw_w, dtype=np.float64))
         matcher._next_block()
     if not ids:
         return np.zeros(0, np.int64), np.zeros(0, np.float64)
