@@ -151,7 +151,7 @@ def test_build_records_inputs_outputs_and_verification(built: Path) -> None:
     assert info["verified"] is True
     assert info["inputs"]["weights_sha256"] == mb.WEIGHTS_SHA256
     for name in (mb.FP32_NAME, mb.INT8_NAME):
-        assert info["outputs"][name]["sha256"] == mb.sha256_file(built / name)
+        assert info["outputs"][name]["sha256"] == sha256_file(built / name)
     assert info["params"]["quantization"]["per_channel"] is True
     assert info["verification"]["int8_vs_fp32_min"] >= 0.98
     assert "onnxruntime" in info["versions"]
@@ -163,7 +163,7 @@ def test_rebuild_is_byte_identical(built: Path, tmp_path: Path) -> None:
     first = json.loads((built / mb.BUILD_JSON).read_text())
     for name in (mb.FP32_NAME, mb.INT8_NAME):
         assert again["outputs"][name]["sha256"] == first["outputs"][name]["sha256"]
-        assert mb.sha256_file(tmp_path / "again" / name) == mb.sha256_file(built / name)
+        assert sha256_file(tmp_path / "again" / name) == sha256_file(built / name)
 
 
 def test_build_is_a_noop_when_a_verified_build_is_up_to_date(built: Path) -> None:

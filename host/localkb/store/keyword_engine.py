@@ -24,7 +24,7 @@ from localkb.store.keywords import KeywordHit, KeywordIndex
 ENGINES = ("whoosh", "tantivy")
 CHOICES = ("auto", *ENGINES)
 #: ``auto`` moves a knowledge base to tantivy from this many passages.
-AUTO_TANTIVY_FROM = 20_000
+AUTO_TANTIVY_FROM = 5_000
 
 
 class KeywordEngine(Protocol):
