@@ -91,3 +91,46 @@ def test_a_torn_log_tail_is_ignored_and_cut_off_by_the_next_write(base: VectorIn
     again = VectorIndex.load(base.path, "m", DIM)
     assert (len(again), again.generation) == (2002, 3)
     assert again.log_path.stat().st_size == 2 * whole
+
+
+def test_a_write_past_the_fold_line_holds_its_vectors_once(tmp_path: Path) -> None:
+    """A big switch catches up in slices (store/kb.py ``_apply``): past the fold line the write
+    is folded into the base, so its vectors must not also wait, all of them, as log records."""
+    import tracemalloc
+
+    dim, n, step = 128, 12_000, 2048
+    vi = VectorIndex(tmp_path / "big.usearch", "m", dim)
+    rng = np.random.default_rng(7)
+    first = None
+    tracemalloc.start()
+    try:
+        for start in range(0, n, step):
+            vecs = rng.standard_normal((min(step, n - start), dim)).astype(np.float32)
+            vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+            if first is None:
+                first = vecs[0].copy()
+            vi.upsert(np.arange(start, start + len(vecs), dtype=np.uint64), vecs)
+            del vecs
+        held, _peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # The slices' arrays (12,000 x 128 float32 = 6.1 MB) are in the HNSW graph, not kept twice.
+    assert held < 2_000_000, f"{held:,} bytes still held for log records"
+    vi.save(1)
+    again = VectorIndex.load(vi.path, "m", dim)
+    assert (len(again), again.base_count, again.log_size()["records"]) == (n, n, 0)
+    assert again.search(first, 1, exact_below=10**6).keys.tolist() == [0]
+
+
+def test_a_big_write_over_a_base_folds_removes_and_upserts_whole(base: VectorIndex) -> None:
+    base.remove(np.arange(0, 100, dtype=np.uint64))
+    for start in range(0, 3000, 512):
+        base.upsert(np.arange(20_000 + start, 20_000 + min(start + 512, 3000), dtype=np.uint64),
+                    unit(min(512, 3000 - start), start))
+    base.upsert(np.arange(100, 110, dtype=np.uint64), unit(10, 77))  # superseded in the base
+    base.save(2)
+    again = VectorIndex.load(base.path, "m", DIM)
+    assert (len(again), again.generation, again.log_size()["records"]) == (2000 - 100 + 3000, 2, 0)
+    assert not again.contains(5) and again.contains(105) and again.contains(22_999)
+    hit = again.search(unit(10, 77)[3], 1, exact_below=10**6)
+    assert hit.keys.tolist() == [103] and hit.similarities[0] > 0.999

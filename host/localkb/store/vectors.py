@@ -85,6 +85,7 @@ class VectorIndex:
         self.delta = _new_index(dim)  # vectors changed since the base (in memory, searched exactly)
         self.dead: set[int] = set()  # base keys deleted or superseded by ``delta``
         self._pending: list[tuple[int, int, np.ndarray | None]] = []  # not yet in the log
+        self._pending_count = 0  # changes since the last save (``_pending`` is emptied once a fold is due)
         self._log_end = 0  # bytes of whole batches in the log
         self._log_records = 0
 
@@ -187,17 +188,33 @@ class VectorIndex:
         keys = np.asarray(keys, dtype=np.uint64)
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         self._set(keys, vectors)
-        self._pending += [(_UPSERT, k, v) for k, v in zip(keys.tolist(), vectors, strict=True)]
+        self._note([(_UPSERT, k, v) for k, v in zip(keys.tolist(), vectors, strict=True)])
 
     def remove(self, keys: np.ndarray) -> None:
         keys = np.asarray(keys, dtype=np.uint64)
         self._drop(keys)
-        self._pending += [(_DELETE, k, None) for k in keys.tolist()]
+        self._note([(_DELETE, k, None) for k in keys.tolist()])
+
+    def _fold_due(self) -> bool:
+        return self._log_records + self._pending_count > fold_threshold(self.base_count)
+
+    def _note(self, records: list[tuple[int, int, np.ndarray | None]]) -> None:
+        """Keep changes for the next append, until so many came that the next save folds.
+
+        A fold writes ``delta`` and ``dead``, never the pending records, so from then on
+        they are dropped: a big write (a staged switch catching up in slices) holds its
+        vectors once, in ``delta``, not a second time as records to append.
+        """
+        self._pending_count += len(records)
+        if self._fold_due():
+            self._pending.clear()
+        else:
+            self._pending += records
 
     def save(self, generation: int) -> None:
         """Append the changes since the last save as one batch (fsynced); fold when the log is due."""
         try:
-            if self._log_records + len(self._pending) > fold_threshold(self.base_count):
+            if self._fold_due():
                 self.fold(generation)
                 return
             if not self.path.exists():  # a new index: an empty base (older than any batch) first
@@ -227,6 +244,7 @@ class VectorIndex:
         self._log_end += len(blob)
         self._log_records += len(records)
         self._pending.clear()
+        self._pending_count = 0
 
     def fold(self, generation: int) -> None:
         """Write base + log as a new base file at ``generation`` and start an empty log."""
@@ -248,12 +266,12 @@ class VectorIndex:
         if self.base_count:
             self.base = _new_index(self.dim)
             self.base.view(str(self.path))
-        self.delta, self.dead, self._pending = _new_index(self.dim), set(), []
+        self.delta, self.dead, self._pending, self._pending_count = _new_index(self.dim), set(), [], 0
         self.generation = generation
 
     def build(self, keys: np.ndarray, vectors: np.ndarray, generation: int) -> None:
         """A fresh base holding exactly ``keys`` (a rebuild from the catalogue), the log emptied."""
-        self.delta, self.dead, self._pending = _new_index(self.dim), set(), []
+        self.delta, self.dead, self._pending, self._pending_count = _new_index(self.dim), set(), [], 0
         self.base = None
         full = _new_index(self.dim)
         if len(keys):
