@@ -87,6 +87,23 @@ def test_engines_agree_on_phrases_and_document_frequency(both):
     assert both["tantivy"].doc_frequency("nonexistentterm") == 0
 
 
+@pytest.mark.parametrize("engine", keyword_engine.ENGINES)
+def test_every_engine_writes_a_stream_of_upserts(tmp_path: Path, engine: str):
+    """A big switch streams its passages (a generator) into the engine, a slice at a time."""
+    ki = keyword_engine.create(engine, tmp_path / "kw")
+    ki.write(((f"c{i}", f"passage {i} about ERR_{i:04d}") for i in range(50)), [], 1)
+    assert ki.doc_count() == 50 and [h.chunk_id for h in ki.search(["err_0007"], 5)] == ["c7"]
+    segments = ki.segment_count()
+    ki.write(iter(()), [], 2)  # nothing to write: the generation moves, no commit
+    assert (ki.generation, ki.segment_count(), ki.doc_count()) == (2, segments, 50)
+    ki.write(iter([("c3", "rewritten")]), ["c4"], 3)
+    assert ki.doc_count() == 49 and ki.search(["err_0003"], 5) == [] and ki.search(["err_0004"], 5) == []
+    ki.close()
+    again = keyword_engine.load(engine, tmp_path / "kw")
+    assert (again.generation, again.doc_count()) == (3, 49)
+    again.close()
+
+
 def _fill(kb, n: int = 6) -> None:
     for i in range(n):
         add_document(kb, extract_text(f"Error ERR_45{i:02d} means disk {i} is full. Replace disk {i}.",
@@ -109,6 +126,24 @@ def test_switching_the_engine_rebuilds_the_index_from_the_catalogue(store, kb):
     assert doctor(store)["clean"]
     _fill(kb2, 8)  # writes keep going to the engine now chosen
     assert kb2.indexes()[1].doc_count() == 8
+
+
+def test_a_rebuild_streams_the_catalogue_into_the_engine(store, kb, monkeypatch):
+    from localkb.store.tantivy_index import TantivyIndex
+
+    _fill(kb)
+    given = []
+    real = TantivyIndex.write
+
+    def spy(self, upserts, deletes, generation):
+        given.append(type(upserts).__name__)
+        return real(self, upserts, deletes, generation)
+
+    monkeypatch.setattr(TantivyIndex, "write", spy)
+    store.update_kb("Docs", keyword_engine="tantivy")
+    # Read from the catalogue as the engine indexes it, never all passages in one list first.
+    assert given and "list" not in given
+    assert store.open_kb("Docs").indexes()[1].doc_count() == 6
 
 
 def test_doctor_finds_and_repairs_a_broken_tantivy_index(store, kb):

@@ -380,7 +380,10 @@ class KnowledgeBase:
         rows = self.catalog.db.execute(
             "SELECT c.id, c.text, s.title FROM chunks c JOIN sources s ON s.id = c.source_id "
             "WHERE c.kb_id = ? ORDER BY c.rowid", (self.id,))
-        ki.write([(r["id"], passage_text(r["title"], r["text"])) for r in rows], [], gen)
+        # Streamed from the cursor, as a big switch's catch-up streams its slices: the engine
+        # bounds its own buffers (Whoosh's limitmb, tantivy's writer heap), so a rebuild never
+        # holds every passage's text in a list first.
+        ki.write(((r["id"], passage_text(r["title"], r["text"])) for r in rows), [], gen)
         if engine != self.record.keyword_engine:
             self.catalog.update_settings(self.id, keyword_index=engine)
             self.record = self.store.resolve(self.id)
