@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from localkb.embedding import build as mb
-from localkb.embedding.files import sha256_file
+from localkb.embedding.verified import sha256_file
 from localkb.errors import EmbeddingUnavailable
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from localkb.embedding import verified
-from localkb.embedding.files import check_sha256, sha256_file
+from localkb.embedding.files import check_sha256
+from localkb.embedding.verified import sha256_file
 from localkb.errors import EmbeddingUnavailable
 
 

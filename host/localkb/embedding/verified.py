@@ -46,12 +46,15 @@ def _identity(st: os.stat_result) -> dict:
             "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns}
 
 
-def _hash(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB blocks every time (``sha256_of`` reads it once)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    _state["hashed"] += 1
+    try:
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    except OSError as err:
+        raise EmbeddingUnavailable(f"cannot read {Path(path).name}: {err}") from err
     return digest.hexdigest()
 
 
@@ -73,11 +76,9 @@ def sha256_of(path: Path) -> str:
                 known = _memory.get(key)
     if known is not None and known.get("identity") == ident and isinstance(known.get("sha256"), str):
         return known["sha256"]
-    try:
-        sha = _hash(Path(key))
-    except OSError as err:
-        raise EmbeddingUnavailable(f"cannot read {path.name}: {err}") from err
+    sha = sha256_file(Path(key))
     with _lock:
+        _state["hashed"] += 1
         _memory[key] = {"identity": ident, "sha256": sha}
         if record is not None:
             try:
