@@ -35,6 +35,18 @@ def scifact_docs(limit: int | None = None) -> list[dict]:
 
 
 def peak_rss_mb() -> float:
+    """Peak resident memory of this process in MB: VmHWM, not ``ru_maxrss``.
+
+    A child's ``ru_maxrss`` starts at its parent's RSS (fork, and exec keeps the maximum),
+    so a case run in a subprocess of a bench that had loaded the model would be inflated.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -13,8 +13,9 @@ the bare embedder, interleaved over the rounds with the order alternating (A/B, 
 so load on a shared machine hits both alike; it prints min/median/max of each and of the
 per-round ratio raw/pipeline.
 
-Peak RSS is measured in a fresh subprocess per case (``ru_maxrss`` of that process: the
-model, the tokenizer, onnxruntime's arenas and the store included). The unchanged re-add
+Peak RSS is measured in a fresh subprocess per case (its VmHWM, ``_common.peak_rss_mb``:
+the model, the tokenizer, onnxruntime's arenas and the store included; not ``ru_maxrss``,
+which in a child starts at the bench's own RSS). The unchanged re-add
 is a fresh ``localkb add`` process, timed from start to exit.
 """
 
@@ -120,18 +121,19 @@ def throughput(docs: int, rounds: int) -> None:
                                       zip(pipe_s, raw_s, ratios, strict=True)))
 
 
-_PEAK = ("import resource, sys, time; from localkb.cli import main; t = time.perf_counter(); "
+_PEAK = ("import sys, time; sys.path.insert(0, sys.argv[2]); from _common import peak_rss_mb; "
+         "from localkb.cli import main; t = time.perf_counter(); "
          "rc = main(['add', 'Big', sys.argv[1], '--json']); "
-         "print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, "
-         "round(time.perf_counter() - t, 1), file=sys.stderr); sys.exit(rc)")
+         "print('PEAK', round(peak_rss_mb()), round(time.perf_counter() - t, 1), file=sys.stderr); "
+         "sys.exit(rc)")
 
 
 def peak_rss(label: str, path: Path, home: Path, model: str) -> None:
     env = {**os.environ, "LOCALKB_HOME": str(home)}
     subprocess.run([sys.executable, "-m", "localkb", "kb", "create", "Big", "--model", model], env=env,
                    check=True, capture_output=True)
-    res = subprocess.run([sys.executable, "-c", _PEAK, str(path)], env=env, capture_output=True, text=True,
-                         check=False)
+    res = subprocess.run([sys.executable, "-c", _PEAK, str(path), str(Path(__file__).resolve().parent)],
+                         env=env, capture_output=True, text=True, check=False)
     if res.returncode != 0:
         print(f"{label}: the add failed ({res.returncode}): {res.stderr[-800:]}")
         return

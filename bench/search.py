@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import SCIFACT, scifact_docs
+from _common import SCIFACT, rotated, scifact_docs, spread
 
 from localkb.config import Settings
 from localkb.ingest.chunk import passage_text
@@ -53,10 +53,6 @@ from localkb.store.keywords import query_terms
 SENT = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 WINDOW_WORDS = 70  # ~96 model tokens, the product's passage size
 ENGINES = keyword_engine.ENGINES
-
-
-def spread(values: list[float]) -> str:
-    return f"{min(values):.2f}/{statistics.median(values):.2f}/{max(values):.2f}"
 
 
 def pct(values: list[float], q: float) -> float:
@@ -239,8 +235,7 @@ def keyword_row(home: Path, store: Store, qs: list[str], rounds: int) -> None:
         this: dict[str, list[float]] = {n: [] for n in names}
         for i, terms in enumerate(terms_all):
             got = {}
-            order = names[(r + i) % len(names):] + names[: (r + i) % len(names)]
-            for n in order:
+            for n in rotated(names, r + i):
                 t0 = time.perf_counter()
                 got[n] = runners[n](terms)
                 this[n].append((time.perf_counter() - t0) * 1000)
@@ -336,7 +331,7 @@ def subprocess_json(code: str, home: Path, *args: str) -> dict:
 def cold_and_writes(home: Path, store: Store, qs: list[str], rounds: int, n: int) -> None:
     cold: dict[str, list[dict]] = {e: [] for e in ENGINES}
     for r in range(rounds):
-        for e in (ENGINES if r % 2 == 0 else ENGINES[::-1]):
+        for e in rotated(list(ENGINES), r):
             use_engine(store, e).close()
             cold[e].append(subprocess_json(COLD, home, json.dumps(qs[:52])))
     for e in ENGINES:
@@ -391,10 +386,11 @@ def main() -> None:
         p50s: dict[tuple[str, str], list[float]] = {}
         stages: dict[tuple[str, str], dict] = {}
         for r in range(args.rounds):
-            for e in (ENGINES if r % 2 == 0 else ENGINES[::-1]):
+            order = rotated(list(ENGINES), r)
+            for e in order:
                 use_engine(store, e)
                 Searcher(store).search(["bench"], "warm up")
-                modes = ("vector", "keyword", "hybrid") if e == ENGINES[r % 2] else ("keyword", "hybrid")
+                modes = ("vector", "keyword", "hybrid") if e == order[0] else ("keyword", "hybrid")
                 for mode, (ms, st) in run_modes(store, qs, modes).items():
                     key = ("any" if mode == "vector" else e, mode)
                     lat.setdefault(key, []).extend(ms)

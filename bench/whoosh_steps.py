@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import search as bench_search
+from _common import rotated, spread
 
 from localkb.retrieval.search import fetch_k
 from localkb.store import keyword_engine, whoosh_scoring
@@ -70,7 +71,7 @@ def main() -> None:
         names = list(variants)
         p50s: dict[str, list[float]] = {n: [] for n in names}
         for r in range(args.rounds):
-            for n in names[r % len(names):] + names[: r % len(names)]:
+            for n in rotated(names, r):
                 lat = []
                 for terms in qs:
                     t0 = time.perf_counter()
@@ -82,8 +83,8 @@ def main() -> None:
         base = p50s["matchers+refresh"]
         for n in names:
             ratio = [b / x for b, x in zip(base, p50s[n], strict=True)]
-            print(f"  {n:18} p50 min/med/max {bench_search.spread(p50s[n]):>22} ms   "
-                  f"speed-up vs before {bench_search.spread(ratio)}x")
+            print(f"  {n:18} p50 min/med/max {spread(p50s[n]):>22} ms   "
+                  f"speed-up vs before {spread(ratio)}x")
         print(f"  postings cache cap {whoosh_scoring.CACHE_BYTES >> 20} MiB")
         ki.close()
 
