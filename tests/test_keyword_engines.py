@@ -146,6 +146,21 @@ def test_a_rebuild_streams_the_catalogue_into_the_engine(store, kb, monkeypatch)
     assert store.open_kb("Docs").indexes()[1].doc_count() == 6
 
 
+def test_the_engine_choice_and_the_remembered_sync_folder_share_the_settings(store, kb, tmp_path):
+    from localkb.ingest.sync import SyncRules, remember, remembered
+
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    remember(kb, SyncRules(folder, ("*.md",), ()))
+    store.update_kb("Docs", keyword_engine="tantivy")
+    kb2 = store.open_kb("Docs")
+    assert remembered(kb2) == SyncRules(folder, ("*.md",), ())
+    remember(kb2, SyncRules(folder, (), ("*.tmp",)))
+    rec = store.resolve("Docs")
+    assert (rec.settings["keyword_engine"], rec.keyword_engine) == ("tantivy", "tantivy")
+    assert remembered(kb2) == SyncRules(folder, (), ("*.tmp",))
+
+
 def test_doctor_finds_and_repairs_a_broken_tantivy_index(store, kb):
     import shutil
 
