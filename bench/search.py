@@ -46,9 +46,9 @@ from localkb.config import Settings
 from localkb.ingest.chunk import passage_text
 from localkb.retrieval.search import Searcher, fetch_k
 from localkb.store import keyword_engine
+from localkb.store.analysis import query_terms
 from localkb.store.catalog import chunk_id, source_id, vector_blob, vector_key
 from localkb.store.kb import Store
-from localkb.store.keywords import query_terms
 
 SENT = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 WINDOW_WORDS = 70  # ~96 model tokens, the product's passage size

@@ -28,7 +28,7 @@ from _common import rotated, spread
 
 from localkb.retrieval.search import fetch_k
 from localkb.store import keyword_engine, whoosh_scoring
-from localkb.store.keywords import query_terms
+from localkb.store.analysis import query_terms
 
 
 def main() -> None:

@@ -13,8 +13,8 @@ from localkb.ingest.extract import extract_text
 from localkb.ingest.pipeline import add_document
 from localkb.retrieval.search import Searcher
 from localkb.store import keyword_engine
-from localkb.store.keywords import query_terms, text_terms
-from localkb.store.tantivy_index import term_stream
+from localkb.store.analysis import analyze, query_terms
+from localkb.store.tantivy_index import pre_tokenized
 
 SCIFACT = next((p / "shared" / "datasets" / "beir-scifact" for p in (REPO.parent, REPO.parent.parent)
                 if (p / "shared").is_dir()), REPO / "absent")
@@ -52,9 +52,19 @@ def both(tmp_path_factory):
 
 def test_tantivy_is_fed_exactly_our_terms_at_our_positions():
     text = "The ERR_4521 error, in v2.3 of pathlib.Path.walk: e-mail it."
-    stream = term_stream(text).split(" ")
-    assert [(i, t) for i, t in enumerate(stream) if t != "\x00"] == text_terms(text)
-    assert "err_4521" in stream and "4521" in stream and "pathlib.path.walk" in stream
+    tokens = [(t.text, t.position) for t in pre_tokenized(text).tokens]
+    assert tokens == analyze(text)
+    # Several terms at one position, as analysis.py indexes them: the whole and its first part.
+    assert ("err_4521", 1) in tokens and ("err", 1) in tokens and ("4521", 2) in tokens
+    assert ("pathlib.path.walk", 7) in tokens and ("path.walk", 8) in tokens
+
+
+def test_an_identifier_phrase_and_its_whole_match_on_both_engines(both):
+    """The whole name and its parts as a phrase share positions on both engines."""
+    for engine, ki in both.items():
+        whole = set(ki.chunks_with("err_4521"))
+        assert whole, engine
+        assert whole <= set(ki.phrase(("err", "4521"))), engine
 
 
 def test_engines_rank_the_same_passages_with_the_same_terms(both):
@@ -80,7 +90,7 @@ def test_engines_rank_the_same_passages_with_the_same_terms(both):
 
 def test_engines_agree_on_phrases_and_document_frequency(both):
     for terms in (["disk", "full"], ["full", "disk"], ["err_4521"], ["cell", "line"], ["nonexistentterm"]):
-        got = {e: sorted(h.chunk_id for h in ki.phrase_search(terms, 500)) for e, ki in both.items()}
+        got = {e: sorted(ki.phrase(terms, 500)) for e, ki in both.items()}
         assert got["whoosh"] == got["tantivy"], terms
     for term in ("err_4521", "err_4512", "cell", "e-mail", "mail", "nonexistentterm"):
         assert both["whoosh"].doc_frequency(term) == both["tantivy"].doc_frequency(term), term

@@ -371,6 +371,10 @@ def explain_table(res) -> str:
             name = next((s.kb_name for s in res.statuses if s.kb == kb_id), kb_id)
             lines.append(f"lists ({name}): " + ", ".join(
                 f"{n} {t['candidates'].get(n, 0)} at weight {w:g}" for n, w in t["weights"].items()))
+        if t.get("exact"):
+            name = next((s.kb_name for s in res.statuses if s.kb == kb_id), kb_id)
+            lines.append(f"exact terms ({name}): " + ", ".join(
+                f"{term} {how}" for term, how in t["exact"].items()))
     lines += [f"{'cos':>6} {'fused':>6} {'bm25':>7} {'terms':>5}  {'lists':15} {'':3} passage"]
     drawn = False
     for h in rows:
@@ -435,7 +439,8 @@ def cmd_eval(args, out: Out) -> int:
 
     res = run_eval(args.path, modes=args.modes, model=args.model, k=args.k,
                    rerank_model=args.rerank_model, limit_queries=args.limit_queries,
-                   keyword_engine=args.keyword_engine)
+                   keyword_engine=args.keyword_engine, baseline=args.baseline, split=args.split,
+                   index_dir=args.index_dir)
     out.emit(res, lambda: format_table(res))
     return 0
 
@@ -901,6 +906,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--keyword-engine", choices=["auto", "whoosh", "tantivy"], nargs="+", default=None,
                    help="keyword engine of the eval's knowledge base (default: as kb create); "
                         "several: each scored on the same passages and vectors, paired")
+    c.add_argument("--baseline", choices=["bm25"], default=None,
+                   help="also score plain BM25 over whole pages (rank-bm25, \\w+ tokens)")
+    c.add_argument("--split", default="test", help="the qrels file to score (qrels/SPLIT.tsv)")
+    c.add_argument("--index-dir", default=None,
+                   help="keep the index there; a later run on the same set reuses it")
     c.set_defaults(func=cmd_eval)
     c = sub.add_parser("log", parents=[common], help="the query log")
     c.add_argument("--limit", type=int, default=20)

@@ -1,16 +1,16 @@
-"""The keyword side: a Whoosh BM25F index per knowledge base, and query terms.
+"""The keyword side: a Whoosh BM25F index per knowledge base.
 
-Code-like tokens (``ERR_4521``, ``v2.3``, ``e-mail``, ``SKU-88-A``) are indexed
-whole *and* as their parts, and a query asks for them only whole: ``ERR_4521``
-never matches a page about ``ERR_4512`` through a shared piece, while a
-query for ``mail`` still finds ``e-mail``. Plain words are lower-cased and
-Porter-stemmed; English, French and German stopwords are dropped.
+What a passage is indexed under (terms and positions) and what a query asks for come
+from ``analysis.py``, which knows no engine; this module only maps those terms onto
+Whoosh: an OR query scored by BM25F with the terms each hit matched, an adjacent-phrase
+query, and "which passages hold this term". The other engine (tantivy_index.py) indexes
+the same ``analyze`` pairs and implements the same four calls (``search``, ``phrase``,
+``doc_frequency``, ``chunks_with``) on the same terms; ``keyword_engine.py`` chooses.
 """
 
 from __future__ import annotations
 
 import itertools
-import re
 import shutil
 import time
 from collections.abc import Iterable, Iterator
@@ -18,101 +18,19 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from whoosh.analysis import Filter, Token, Tokenizer
+from whoosh.analysis import Token, Tokenizer
 
 from localkb import __version__
 from localkb.atomic import read_json, write_json
 from localkb.errors import IndexUnavailable
+from localkb.store.analysis import analyze
 
-MAX_QUERY_TERMS = 12
-TOKEN_PATTERN = r"\w+(?:[-./:'’]\w+)*"  # noqa: S105 - a regex, not a password
-_TOKEN = re.compile(TOKEN_PATTERN, re.UNICODE)
-_JOINERS = re.compile(r"[-_./:'’]")
-
-
-@lru_cache(maxsize=1)
-def stopwords() -> frozenset[str]:
-    from whoosh.lang import stopwords_for_language
-
-    words: set[str] = set()
-    for lang in ("en", "fr", "de"):
-        words |= set(stopwords_for_language(lang))
-    return frozenset(words)
-
-
-@lru_cache(maxsize=100_000)
-def _stem(word: str) -> str:
-    from whoosh.lang.porter import stem
-
-    return stem(word)
-
-
-def is_code_like(token: str) -> bool:
-    """Anything that is not a plain alphabetic word: it must match as a whole."""
-    return not token.isalpha()
-
-
-def is_identifier(term: str) -> bool:
-    """An identifier (``err_4521``, ``v2.3``, ``sku-88-a``, ``il-6``): letters and digits, or an underscore.
-
-    Hyphenated words (``non-small``) and bare numbers are code-like but not identifiers.
-    """
-    return "_" in term or (any(c.isdigit() for c in term) and any(c.isalpha() for c in term))
-
-
-def normalize(token: str) -> str | None:
-    """The indexed form of one token: lower case, stemmed if a plain word; None if a stopword."""
-    low = token.lower()
-    if low in stopwords():
-        return None
-    if is_code_like(low):
-        return low
-    return _stem(low)
-
-
-@lru_cache(maxsize=200_000)
-def index_terms(token: str) -> tuple[str, ...]:
-    """Terms a document token is indexed under: the whole token first, then its parts."""
-    whole = normalize(token)
-    out = [whole] if whole else []
-    if _JOINERS.search(token):
-        for part in _JOINERS.split(token):
-            norm = normalize(part) if part else None
-            if norm and norm not in out:
-                out.append(norm)
-    return tuple(out)
-
-
-def text_terms(text: str) -> list[tuple[int, str]]:
-    """(position, term) of everything a passage is indexed under, for every keyword engine.
-
-    The one analysis both engines index: each token's ``index_terms`` take consecutive
-    positions (the whole first, then its parts), and a dropped stopword leaves its position
-    empty, so a phrase "a b" is the two terms one position apart in either engine.
-    """
-    out: list[tuple[int, str]] = []
-    pos = 0
-    for m in _TOKEN.finditer(text):
-        terms = index_terms(m.group())
-        if not terms:
-            pos += 1
-            continue
-        for term in terms:
-            out.append((pos, term))
-            pos += 1
-    return out
-
-
-def query_terms(query: str) -> list[str]:
-    """Whole, normalised, de-duplicated query terms (at most 12); code-like terms never split."""
-    terms: list[str] = []
-    for token in _TOKEN.findall(query):
-        norm = normalize(token.strip("'’"))
-        if norm and norm not in terms:
-            terms.append(norm)
-        if len(terms) == MAX_QUERY_TERMS:
-            break
-    return terms
+#: What the saved index was analysed with; an index of another schema is rebuilt from the
+#: catalogue on open (2: positions, qualified suffixes, version terms; 3: the
+#: tantivy engine indexes the same analysis, several terms at one position).
+SCHEMA = 3
+#: At most this many terms are scored in one OR query (a bit each records which a hit holds).
+MAX_SEARCH_TERMS = 24
 
 
 @lru_cache(maxsize=1)
@@ -138,33 +56,21 @@ def _weighting():
     return LuceneIdfBM25F()
 
 
-class CompoundFilter(Filter):
-    """Whoosh filter emitting ``index_terms`` of each token (indexes made before ``TermsTokenizer``)."""
+class AnalysisTokenizer(Tokenizer):
+    """Whoosh tokens from ``analysis.analyze`` (module level: Whoosh pickles it with the schema)."""
 
-    def __call__(self, tokens):
-        for t in tokens:
-            for term in index_terms(t.text):
-                t.text = term
-                yield t
-
-
-class TermsTokenizer(Tokenizer):
-    """Whoosh tokenizer yielding ``text_terms`` (module level: Whoosh pickles it with the schema)."""
-
-    def __call__(self, value, positions=False, chars=False, keeporiginal=False,  # noqa: PLR0917 - Whoosh's signature
-                 removestops=True, start_pos=0, start_char=0, tokenize=True, mode="", **kwargs):
+    def __call__(self, value, *, positions=False, chars=False, removestops=True, start_pos=0,
+                 start_char=0, mode="", **kwargs):
         t = Token(positions, chars, removestops=removestops, mode=mode, **kwargs)
-        for pos, term in text_terms(value):
+        for term, pos in analyze(value):
             t.text = term
             t.boost = 1.0
             t.stopped = False
             if positions:
                 t.pos = start_pos + pos
+            if chars:  # not stored (the schema keeps no character offsets)
+                t.startchar = t.endchar = start_char
             yield t
-
-
-def _analyzer():
-    return TermsTokenizer()
 
 
 def _schema():
@@ -172,7 +78,7 @@ def _schema():
 
     # Positions are stored so that a phrase (terms at consecutive positions) can be asked for.
     return Schema(chunk_id=ID(stored=True, unique=True),
-                  content=TEXT(analyzer=_analyzer(), phrase=True))
+                  content=TEXT(analyzer=AnalysisTokenizer(), phrase=True))
 
 
 @dataclass
@@ -274,6 +180,9 @@ class EngineBase:
     def load(cls, folder: Path):
         """The saved index in ``folder``; ``IndexUnavailable`` if absent, unreadable or another engine's."""
         meta = saved_meta(folder, cls.engine)
+        if meta.get("schema", 1) != SCHEMA:
+            raise IndexUnavailable(f"keyword index {folder.name} was analysed with schema "
+                                   f"{meta.get('schema', 1)}, not {SCHEMA}: it is rebuilt on open")
         try:
             ki = cls(folder, cls._open(folder))
         except Exception as err:
@@ -285,18 +194,18 @@ class EngineBase:
         """Record the generation the index now reflects (after its commit)."""
         try:
             write_json(self.meta_path, {"engine": self.engine, "generation": generation,
-                                        "count": self.doc_count(), "saved": time.time(),
+                                        "schema": SCHEMA, "count": self.doc_count(), "saved": time.time(),
                                         "localkb": __version__})
         except OSError as err:
             raise IndexUnavailable(f"keyword index {self.folder.name} could not be saved: {err}") from err
         self.generation = generation
 
-    def phrase_search(self, terms: list[str], limit: int) -> list[KeywordHit]:
-        """Passages holding ``terms`` at consecutive positions, by BM25 of the phrase."""
+    def phrase(self, terms: tuple[str, ...] | list[str], limit: int = 1000) -> list[str]:
+        """Chunk ids of passages holding ``terms`` at adjacent positions, in order (one term: holding it)."""
         if not terms or limit <= 0:
             return []
         if len(terms) == 1:
-            return [h for h in self.search(terms, limit) if h.terms]
+            return self.chunks_with(terms[0], limit)
         return self._phrase(list(terms), limit)
 
 
@@ -366,6 +275,7 @@ class KeywordIndex(EngineBase):
 
     def search(self, terms: list[str], limit: int) -> list[KeywordHit]:
         """BM25F, any term may match (OR); scored term at a time (whoosh_scoring.py)."""
+        terms = terms[:MAX_SEARCH_TERMS]
         if not terms or limit <= 0:
             return []
         try:
@@ -392,21 +302,41 @@ class KeywordIndex(EngineBase):
         except Exception as err:
             raise IndexUnavailable(f"keyword search failed: {err}") from err
 
-    def _phrase(self, terms: list[str], limit: int) -> list[KeywordHit]:
+    def _phrase(self, terms: list[str], limit: int) -> list[str]:
         from whoosh.query import Phrase
 
-        try:
-            results = self.searcher().search(Phrase("content", terms), limit=limit)
-            return [KeywordHit(hit["chunk_id"], float(hit.score), frozenset(terms)) for hit in results]
-        except Exception as err:
-            raise IndexUnavailable(f"keyword search failed: {err}") from err
+        return self._chunk_ids(Phrase("content", terms), limit)
 
-    def doc_frequency(self, term: str) -> int:
-        """Live passages containing ``term`` (0 means no passage mentions it)."""
+    def chunks_with(self, term: str, limit: int = 20_000) -> list[str]:
+        """Chunk ids of (at most ``limit``) passages holding ``term``."""
         from whoosh.query import Term
 
+        return self._chunk_ids(Term("content", term), limit)
+
+    def doc_frequency(self, term: str) -> int:
+        """Live passages holding ``term`` (0: none).
+
+        Whoosh's own count includes deleted passages until their segment is merged; with
+        deletions the live ones are counted from the term's postings (whoosh_scoring.py).
+        """
         try:
-            return sum(1 for _ in self.searcher().docs_for_query(Term("content", term)))
+            s = self.searcher()
+            df = int(s.doc_frequency("content", term))
+            if df and s.reader().has_deletions():
+                df = self._taat.live_frequency(term)
+            return df
+        except Exception as err:
+            raise IndexUnavailable(f"keyword index lookup failed: {err}") from err
+
+    def _chunk_ids(self, query, limit: int) -> list[str]:
+        try:
+            s = self.searcher()
+            out = []
+            for docnum in s.docs_for_query(query):
+                out.append(s.stored_fields(docnum)["chunk_id"])
+                if len(out) >= limit:
+                    break
+            return out
         except Exception as err:
             raise IndexUnavailable(f"keyword search failed: {err}") from err
 

@@ -1,35 +1,27 @@
 """The keyword side on tantivy: the same terms as the Whoosh index, the same BM25, 100x faster at scale.
 
-tantivy never analyses our text. Each passage is indexed as the terms our own
-analyser produces (``keywords.text_terms``: identifiers whole and by parts, stems,
-stopwords dropped), written one per position into a field whose tokenizer only
-splits on whitespace; a position our analyser leaves empty (a stopword) holds a
-filler token that a stopword filter removes, so positions, term frequencies and
-field lengths are exactly the Whoosh index's. Query terms come from
-``keywords.query_terms`` and are looked up verbatim. Scoring is tantivy's BM25
-(k1 1.2, b 0.75, idf ``log(1 + (N - df + 0.5) / (df + 0.5))``): the parameters and
-the Lucene idf our Whoosh weighting uses.
+tantivy never analyses our text. Each passage is indexed as exactly the ``(term,
+position)`` pairs of ``analysis.analyze`` (identifiers whole, by qualified suffix and by
+parts, stems, stopwords leaving their position empty), handed over pre-tokenized, so
+positions, term frequencies and field lengths are the Whoosh index's, and several
+terms can share a position (``il-6`` and ``il``) as they do there. Query terms come from
+``analysis.plan_query`` and are looked up verbatim. Scoring is tantivy's BM25 (k1 1.2,
+b 0.75, idf ``log(1 + (N - df + 0.5) / (df + 0.5))``): the parameters and the Lucene idf
+our Whoosh weighting uses.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from functools import lru_cache
 from pathlib import Path
 
 from localkb.errors import IndexUnavailable
-from localkb.store.keywords import _TOKEN as TOKEN
-from localkb.store.keywords import (
-    MAX_QUERY_TERMS,
-    EngineBase,
-    KeywordHit,
-    index_terms,
-    nonempty,
-)
+from localkb.store.analysis import analyze
+from localkb.store.keywords import MAX_SEARCH_TERMS, EngineBase, KeywordHit, nonempty
 
+#: The content field's tokenizer name. Text always arrives pre-tokenized; the whitespace
+#: tokenizer registered under it is only there so that the index opens.
 ANALYZER = "localkb_terms"
-#: Stands for an empty position (a dropped stopword); removed before indexing, never a term.
-FILLER = "\x00"
 #: The writer's memory budget; tantivy flushes a segment when it is used up.
 WRITER_HEAP = 64_000_000
 
@@ -46,23 +38,15 @@ def _schema():
 def _register(ix) -> None:
     import tantivy
 
-    analyzer = (tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.whitespace())
-                .filter(tantivy.Filter.custom_stopword([FILLER])).build())
-    ix.register_tokenizer(ANALYZER, analyzer)
+    ix.register_tokenizer(ANALYZER, tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.whitespace()).build())
 
 
-@lru_cache(maxsize=200_000)
-def _piece(token: str) -> str:
-    return " ".join(index_terms(token)) or FILLER
+def pre_tokenized(text: str):
+    """``analyze(text)`` as tantivy tokens: each term at its own position, none re-analysed."""
+    import tantivy
 
-
-def term_stream(text: str) -> str:
-    """``text_terms(text)`` as tantivy reads it: one term per position, a FILLER where one is empty.
-
-    Built per token from the same ``index_terms`` (cached), so a passage costs one regex
-    scan and a join; a test holds it equal to ``text_terms``.
-    """
-    return " ".join(map(_piece, TOKEN.findall(text)))
+    token = tantivy.Token
+    return tantivy.PreTokenizedString("", [token(term, pos, 0, 0) for term, pos in analyze(text)])
 
 
 class TantivyIndex(EngineBase):
@@ -117,7 +101,9 @@ class TantivyIndex(EngineBase):
                         writer.delete_documents_by_term("chunk_id", cid)
                     for cid, content in upserts or ():
                         writer.delete_documents_by_term("chunk_id", cid)
-                        writer.add_document(tantivy.Document(chunk_id=cid, content=term_stream(content)))
+                        doc = tantivy.Document(chunk_id=cid)
+                        doc.add_pre_tokenized_text("content", pre_tokenized(content))
+                        writer.add_document(doc)
                     writer.commit()
                 except BaseException:
                     writer.rollback()
@@ -140,7 +126,7 @@ class TantivyIndex(EngineBase):
         """BM25, any term may match (OR); each hit with the query terms it contains."""
         import tantivy
 
-        terms = terms[:MAX_QUERY_TERMS]
+        terms = terms[:MAX_SEARCH_TERMS]
         if not terms or limit <= 0:
             return []
         try:
@@ -160,7 +146,7 @@ class TantivyIndex(EngineBase):
         """Which query terms each of ``ids`` contains, in one query.
 
         Among the given chunks, term i scores a constant 2**i, so a hit's score is the
-        bit set of its terms (12 terms at most: exact in float32).
+        bit set of its terms (MAX_SEARCH_TERMS, 24 at most: exact in float32).
         """
         import tantivy
 
@@ -176,14 +162,19 @@ class TantivyIndex(EngineBase):
             out[s.doc(addr)["chunk_id"][0]] = frozenset(t for i, t in enumerate(terms) if mask >> i & 1)
         return out
 
-    def _phrase(self, terms: list[str], limit: int) -> list[KeywordHit]:
+    def _phrase(self, terms: list[str], limit: int) -> list[str]:
         import tantivy
 
+        return self._chunk_ids(tantivy.Query.phrase_query(self.schema, "content", terms), limit)
+
+    def chunks_with(self, term: str, limit: int = 20_000) -> list[str]:
+        """Chunk ids of (at most ``limit``) passages holding ``term``."""
+        return self._chunk_ids(self._term(term), limit)
+
+    def _chunk_ids(self, query, limit: int) -> list[str]:
         try:
             s = self.searcher()
-            query = tantivy.Query.phrase_query(self.schema, "content", terms)
-            return [KeywordHit(s.doc(addr)["chunk_id"][0], float(score), frozenset(terms))
-                    for score, addr in s.search(query, limit, count=False).hits]
+            return [s.doc(addr)["chunk_id"][0] for _score, addr in s.search(query, limit, count=False).hits]
         except (OSError, ValueError, RuntimeError) as err:
             raise IndexUnavailable(f"keyword search failed: {err}") from err
 

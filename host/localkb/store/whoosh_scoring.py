@@ -115,6 +115,14 @@ class TermAtATime:
                 self._cached -= a.nbytes + b.nbytes
         return got
 
+    def live_frequency(self, term: str) -> int:
+        """Passages holding ``term`` that are not deleted (Whoosh's doc_frequency counts both)."""
+        live = 0
+        for seg, arrays in enumerate(self.segments):
+            ids, _tf = self._term_postings(seg, term)
+            live += len(ids) - (int(np.isin(ids, arrays.deleted).sum()) if len(arrays.deleted) else 0)
+        return live
+
     def search(self, terms: list[str], limit: int) -> list[tuple[int, float, int]]:
         """Top ``limit`` (global doc number, BM25, bit mask of matched ``terms``), best first."""
         idfs = []
