@@ -84,7 +84,8 @@ def test_engines_rank_the_same_passages_with_the_same_terms(both):
                 assert h.terms == wt[h.chunk_id].terms, q
                 # Same BM25 up to how each engine rounds a passage's length (one byte each).
                 assert h.bm25 == pytest.approx(wt[h.chunk_id].bm25, rel=0.08), q
-    assert compared > 100
+    # The code-heavy eval alone gives ~70 shared hits; with SciFact's abstracts, hundreds.
+    assert compared > (100 if (SCIFACT / "corpus.jsonl").is_file() else 40)
     assert sum(overlaps) / len(overlaps) >= 0.95
 
 
@@ -177,7 +178,13 @@ def test_doctor_finds_and_repairs_a_broken_tantivy_index(store, kb):
     store.update_kb("Docs", keyword_engine="tantivy")
     _fill(store.open_kb("Docs"))
     store.open_kb("Docs").close()
-    shutil.rmtree(store.kb_dir(kb.id) / "keywords-tantivy")
+    folder = store.kb_dir(kb.id) / "keywords-tantivy"
+    shutil.rmtree(folder)
+    # A missing index is built on next use (a note, not a problem); a broken one is a problem.
+    report = doctor(store)
+    assert any("keyword index is missing" in n for n in report["knowledge_bases"][0]["notes"])
+    folder.mkdir()
+    (folder / "meta.json").write_text("{not json")
     report = doctor(store)
     assert not report["clean"] and any("keyword index" in p for p in report["knowledge_bases"][0]["problems"])
     repaired = doctor(store, repair=True)
@@ -230,3 +237,16 @@ def test_cli_kb_update_switches_and_kb_list_reports_the_engine(tmp_path: Path):
     assert found["hits"][0]["title"] == "Widgets"
     bad = run_cli(["kb", "update", "Docs", "--keyword-engine", "lucene"], home)
     assert bad.returncode != 0
+
+
+def test_a_tantivy_index_is_private_whatever_the_umask(tmp_path: Path):
+    """tantivy writes its own files (from Rust): they follow the entry points' umask like Whoosh's."""
+    from test_file_modes import cli, loose
+
+    home = tmp_path / "home"
+    note = tmp_path / "note.md"
+    note.write_text("# Note\n\nThe turbine's spare valve is V-12.\n")
+    cli(["kb", "create", "Docs", "--keyword-engine", "tantivy"], home)
+    cli(["add", "Docs", str(note)], home)
+    assert "V-12" in cli(["search", "Docs", "V-12"], home)
+    assert list(home.glob("kbs/*/keywords-tantivy/*")) and loose(home) == [], loose(home)

@@ -10,11 +10,11 @@ search never runs on a stale or partial index without saying so.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import sqlite3
 import threading
 import time
+import unicodedata
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from localkb.atomic import sweep_tmp
 from localkb.config import Settings
 from localkb.embedding.embedder import Embedder, EmbedderRegistry
 from localkb.errors import (
@@ -33,16 +34,18 @@ from localkb.errors import (
 )
 from localkb.ingest.chunk import passage_text
 from localkb.locks import FileLock
+from localkb.perms import private_dir, tighten
+from localkb.staging import Staging
 from localkb.store import keyword_engine as keyword_engine_mod
 from localkb.store.catalog import Catalog, KBRecord, blob_vector, valid_vector
 from localkb.store.keyword_engine import KeywordEngine
 from localkb.store.vectors import VectorIndex
+from localkb.strings import clean_name, string_problem
 
 PRIVACY = ("device", "cloud")
 #: Chunks read at a time when the derived indexes catch up with a write, and per keyword commit.
 APPLY_SLICE = 2048
 APPLY_COMMIT = 8192
-_NAME = re.compile(r"^[^\x00-\x1f/\\]{1,80}$")
 
 
 @dataclass
@@ -62,7 +65,14 @@ class Store:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.root = settings.data_dir
-        self.root.mkdir(parents=True, exist_ok=True)
+        # The user's alone: 0700, and anything an older version (or a looser umask) left
+        # readable by others is tightened now, before the catalogue is read.
+        private_dir(self.root)
+        tighten(self.root)
+        # What a killed import left (its staging files; the catalogue never saw it) and the
+        # temporary files of index saves a kill cut short go now.
+        Staging(self.root / "imports").sweep()
+        sweep_tmp(self.root, self.root / "kbs")
         self.catalog = Catalog(self.root / "catalog.sqlite")
         self.lock = FileLock(self.root / "store.lock")
         self.models = EmbedderRegistry(settings)
@@ -77,7 +87,8 @@ class Store:
         """A knowledge base by id or by name (case-insensitive)."""
         if not isinstance(ref, str) or not ref:
             raise InvalidInput("a knowledge base id or name is required")
-        rec = self.catalog.kb(ref) or self.catalog.kb_by_name(ref)
+        rec = self.catalog.kb(ref) or self.catalog.kb_by_name(
+            unicodedata.normalize("NFC", ref) if not string_problem(ref) else ref)
         if rec is None:
             raise KnowledgeBaseNotFound(f"no knowledge base named or with id {ref!r}")
         return rec
@@ -180,9 +191,8 @@ def _usable(load: Callable[[], VectorIndex | KeywordEngine], gen: int, pruned: i
 
 
 def _check_name(name: object) -> str:
-    if not isinstance(name, str) or not _NAME.match(name.strip()):
-        raise InvalidInput("a knowledge base name is 1-80 characters, without / \\ or control characters")
-    return name.strip()
+    """A knowledge base name: NFC, 1-80 characters, no / or \\, nothing deceptive (``clean_name``)."""
+    return clean_name(name, what="a knowledge base name", max_len=80, forbid="/\\")
 
 
 class KnowledgeBase:
@@ -245,6 +255,15 @@ class KnowledgeBase:
         with self._lock:
             if self._fresh(gen):
                 return self._vectors, self._keywords
+        # Locks are always taken store first, then this knowledge base's: ``write`` holds the
+        # store lock when it asks for the indexes, so the other order could deadlock two threads
+        # of one host (an add catching up while another add writes).
+        with self.store.lock.hold(), self._lock:
+            gen = self.catalog.generation(self.id)
+            if gen is None:
+                raise KnowledgeBaseNotFound(f"knowledge base {self.record.name!r} was deleted")
+            if self._fresh(gen):
+                return self._vectors, self._keywords
             self._check_model()
             self.close()
             try:
@@ -254,8 +273,7 @@ class KnowledgeBase:
                 self.close()
             if self._fresh(gen):
                 return self._vectors, self._keywords
-            with self.store.lock.hold():
-                self._repair()
+            self._repair()
             return self._vectors, self._keywords
 
     def _check_model(self) -> None:
@@ -358,6 +376,8 @@ class KnowledgeBase:
             vi.save(gen)
 
     def _rebuild_vectors(self, gen: int) -> VectorIndex:
+        # Rows are streamed into arrays sized once: a rebuild holds the vectors once, not a list
+        # of them and then a stacked copy (an import of a big knowledge base ends here).
         vi = VectorIndex(self.vector_path, self.record.model, self.record.dim)
         n = self.catalog.counts(self.id)["chunks"]
         keys = np.empty(n, dtype=np.uint64)
@@ -438,7 +458,7 @@ class KnowledgeBase:
 
     # -- health ----------------------------------------------------------------
     def health(self, *, repair: bool = False) -> dict:
-        """Counts across SQLite, usearch and Whoosh, and whether they agree."""
+        """Counts across SQLite, usearch and the keyword engine, and whether they agree."""
         db = self.catalog.db
         rows = db.execute("SELECT vkey, vector FROM chunks WHERE kb_id = ?", (self.id,)).fetchall()
         valid = sum(1 for r in rows if valid_vector(r[1], self.record.dim))
@@ -457,37 +477,58 @@ class KnowledgeBase:
             (self.id,)).fetchone()[0]
         if over:
             report["problems"].append(f"{over} sources have more chunks than they should")
-        try:
-            vi = VectorIndex.load(self.vector_path, self.record.model, self.record.dim)
-            report["vector_index"] = {"count": len(vi), "generation": vi.generation,
-                                      "log": vi.log_size()}
-            keys_ok = all(vi.contains(r[0]) for r in rows)
-            if len(vi) != len(rows) or not keys_ok:
-                report["problems"].append(
-                    f"vector index holds {len(vi)} vectors, the catalogue {len(rows)} chunks")
-        except LocalKBError as err:
-            report["vector_index"] = {"error": str(err)}
-            report["problems"].append(f"vector index: {err}")
-        try:
-            ki = keyword_engine_mod.load(self.record.keyword_engine, self.keyword_path)
-            report["keyword_index"] = {"engine": ki.engine, "count": ki.doc_count(),
-                                       "generation": ki.generation, "segments": ki.segment_count()}
-            wanted = self.wanted_engine(len(rows))
-            if wanted != ki.engine:
-                report["problems"].append(
-                    f"keyword index is {ki.engine}, the knowledge base asks for {wanted}")
-            if ki.doc_count() != len(rows):
-                report["problems"].append(
-                    f"keyword index holds {ki.doc_count()} passages, the catalogue {len(rows)}")
-            ki.close()
-        except LocalKBError as err:
-            report["keyword_index"] = {"error": str(err)}
-            report["problems"].append(f"keyword index: {err}")
         gen = report["generation"]
-        for name in ("vector_index", "keyword_index"):
-            if report[name].get("generation", gen) != gen:
-                report["problems"].append(f"{name.replace('_', ' ')} is at generation "
-                                          f"{report[name]['generation']}, the catalogue at {gen}")
+        pruned = self._pruned_through()
+        report["notes"] = []
+
+        def check(label: str, load: Callable[[], tuple[int, int, bool, dict]]) -> None:
+            # An index behind a complete catalogue is not broken: every open catches it up from
+            # the change log (a kill between the commit and the index save leaves exactly that).
+            key = label.replace(" ", "_")
+            try:
+                count, generation, keys_ok, more = load()
+            except LocalKBError as err:
+                if not (self.keyword_path if "keyword" in label else self.vector_path).exists():
+                    report[key] = {"error": "missing"}
+                    report["notes"].append(f"{label} is missing: it is built on next use")
+                    return
+                report[key] = {"error": str(err)}
+                report["problems"].append(f"{label}: {err}")
+                return
+            report[key] = {"count": count, "generation": generation, **more}
+            if generation != gen:
+                if pruned <= generation < gen:
+                    report["notes"].append(f"{label} is behind the catalogue (generation "
+                                           f"{generation} of {gen}): it catches up on next use")
+                else:
+                    report["problems"].append(f"{label} is at generation {generation}, the "
+                                              f"catalogue at {gen}")
+            elif count != len(rows) or not keys_ok:
+                report["problems"].append(
+                    f"{label} holds {count} entries, the catalogue {len(rows)} chunks")
+
+        def vectors() -> tuple[int, int, bool, dict]:
+            vi = VectorIndex.load(self.vector_path, self.record.model, self.record.dim)
+            return len(vi), vi.generation, all(vi.contains(r[0]) for r in rows), {"log": vi.log_size()}
+
+        def keywords() -> tuple[int, int, bool, dict]:
+            ki = keyword_engine_mod.load(self.record.keyword_engine, self.keyword_path)
+            try:
+                return ki.doc_count(), ki.generation, True, {"engine": ki.engine,
+                                                             "segments": ki.segment_count()}
+            finally:
+                ki.close()
+
+        check("vector index", vectors)
+        check("keyword index", keywords)
+        wanted = self.wanted_engine(len(rows))
+        if report["keyword_index"].get("engine", wanted) != wanted:
+            report["problems"].append(f"keyword index is {report['keyword_index']['engine']}, "
+                                      f"the knowledge base asks for {wanted}")
+        if repair and report["notes"] and not report["problems"]:
+            self.indexes()  # behind: catching up is the repair
+            report["repaired"] = True
+            report["problems_after_repair"] = self.health()["problems"]
         if repair and report["problems"]:
             with self.store.lock.hold():
                 self.close()
