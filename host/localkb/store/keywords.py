@@ -231,10 +231,11 @@ class KeywordIndex(EngineBase):
         return windex.open_dir(str(folder))
 
     def doc_count(self) -> int:
-        return self.ix.doc_count()
+        """Live passages, from the open searcher (``Index.doc_count`` re-reads the TOC each call)."""
+        return self.searcher().doc_count()
 
     def segment_count(self) -> int:
-        return len(self.ix._segments())
+        return len(list(self.searcher().reader().leaf_readers()))
 
     def write(self, upserts: Iterable[tuple[str, str]], deletes: list[str], generation: int) -> None:
         """Apply changes in one Whoosh commit, then record the generation.

@@ -88,7 +88,8 @@ class TermAtATime:
     def __init__(self, searcher) -> None:
         self.searcher = searcher
         self.table = _byte_lengths()
-        self.leaves = list(searcher.reader().leaf_readers())
+        # An empty index has one EmptyReader leaf, with no columns to read: nothing to score.
+        self.leaves = [(r, off) for r, off in searcher.reader().leaf_readers() if r.doc_count_all()]
         self.segments = [SegmentArrays(r, self.table) for r, _ in self.leaves]
         self.n = searcher.doc_count_all()
         self.avgdl = (searcher.field_length(FIELD) / self.n) if self.n else 1.0
