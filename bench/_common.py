@@ -1,13 +1,18 @@
-"""Shared by the benchmarks: where SciFact is, and a fallback text generator."""
+"""Shared by the benchmarks: where SciFact is, a fallback text generator, and how rounds are interleaved."""
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import statistics
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SCIFACT = REPO.parent / "shared" / "datasets" / "beir-scifact"
+# shared/ sits beside the checkout (or beside the folder of worktrees); SCIFACT overrides.
+SCIFACT = Path(os.environ["SCIFACT"]) if os.environ.get("SCIFACT") else next(
+    (p / "shared" / "datasets" / "beir-scifact" for p in (REPO.parent, REPO.parent.parent)
+     if (p / "shared").is_dir()), REPO.parent / "shared" / "datasets" / "beir-scifact")
 
 
 def scifact_docs(limit: int | None = None) -> list[dict]:
@@ -30,6 +35,33 @@ def scifact_docs(limit: int | None = None) -> list[dict]:
 
 
 def peak_rss_mb() -> float:
+    """Peak resident memory of this process in MB: VmHWM, not ``ru_maxrss``.
+
+    A child's ``ru_maxrss`` starts at its parent's RSS (fork, and exec keeps the maximum),
+    so a case run in a subprocess of a bench that had loaded the model would be inflated.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def rotated(items: list, r: int) -> list:
+    """``items`` in round ``r``'s order: rotated by ``r``, so each goes first in turn (A/B, B/A, ...).
+
+    Benches that compare things time each once per round in this order, so load on a
+    shared machine falls on all of them alike.
+    """
+    k = r % len(items) if items else 0
+    return items[k:] + items[:k]
+
+
+def spread(values: list[float], fmt: str = ".2f") -> str:
+    """min/median/max of ``values``, the way every bench prints a figure measured over rounds."""
+    return "/".join(format(v, fmt) for v in (min(values), statistics.median(values), max(values)))

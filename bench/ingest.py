@@ -9,11 +9,13 @@
 
 Throughput: the same passages are embedded by the full pipeline (extract, chunk, embed,
 write: ``add_paths`` on a folder of Markdown files, into a fresh store each round) and by
-the bare embedder, interleaved A/B/A/B over the rounds so load on a shared machine hits
-both alike; it prints min/median/max of each and of the per-round ratio raw/pipeline.
+the bare embedder, interleaved over the rounds with the order alternating (A/B, B/A, ...)
+so load on a shared machine hits both alike; it prints min/median/max of each and of the
+per-round ratio raw/pipeline.
 
-Peak RSS is measured in a fresh subprocess per case (``ru_maxrss`` of that process: the
-model, the tokenizer, onnxruntime's arenas and the store included). The unchanged re-add
+Peak RSS is measured in a fresh subprocess per case (its VmHWM, ``_common.peak_rss_mb``:
+the model, the tokenizer, onnxruntime's arenas and the store included; not ``ru_maxrss``,
+which in a child starts at the bench's own RSS). The unchanged re-add
 is a fresh ``localkb add`` process, timed from start to exit.
 """
 
@@ -22,7 +24,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import scifact_docs
+from _common import rotated, scifact_docs, spread
 
 from localkb.config import Settings
 from localkb.ingest.chunk import passage_text
@@ -50,8 +51,8 @@ def _cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def mmm(xs: list[float]) -> str:
-    return f"{min(xs):8.2f} {statistics.median(xs):8.2f} {max(xs):8.2f}"
+def row(label: str, xs: list[float], note: str = "") -> None:
+    print(f"{label:28} {spread(xs):>24}{note}")
 
 
 def throughput(docs: int, rounds: int) -> None:
@@ -75,54 +76,64 @@ def throughput(docs: int, rounds: int) -> None:
             kb.embedder.load()
             kb.embedder.embed(["warm up the session"] * 8)
             variant = kb.embedder.describe()["variant"]
-            t0, c0 = time.perf_counter(), _cpu()
-            report = add_paths(kb, [str(folder)])
-            pipe_s.append(time.perf_counter() - t0)
-            pipe_cpu.append(_cpu() - c0)
-            waits.append(report.timings)
-            if not texts:
-                rows = store.catalog.db.execute(
-                    "SELECT s.title, c.text FROM chunks c JOIN sources s ON s.id = c.source_id "
-                    "ORDER BY s.key, c.idx").fetchall()
-                texts = [passage_text(t, x) for t, x in rows]
-                tokens = sum(len(e.ids) for e in kb.embedder.tokenizer.encode_batch(texts))
-                assert report.totals()["added"] == len(texts), report.totals()
-            t0, c0 = time.perf_counter(), _cpu()
-            kb.embedder.embed(texts)
-            raw_s.append(time.perf_counter() - t0)
-            raw_cpu.append(_cpu() - c0)
+
+            def pipeline(kb=kb, store=store) -> None:
+                nonlocal texts, tokens
+                t0, c0 = time.perf_counter(), _cpu()
+                report = add_paths(kb, [str(folder)])
+                pipe_s.append(time.perf_counter() - t0)
+                pipe_cpu.append(_cpu() - c0)
+                waits.append(report.timings)
+                if not texts:
+                    rows = store.catalog.db.execute(
+                        "SELECT s.title, c.text FROM chunks c JOIN sources s ON s.id = c.source_id "
+                        "ORDER BY s.key, c.idx").fetchall()
+                    texts = [passage_text(t, x) for t, x in rows]
+                    tokens = sum(len(e.ids) for e in kb.embedder.tokenizer.encode_batch(texts))
+                    assert report.totals()["added"] == len(texts), report.totals()
+
+            def raw(kb=kb) -> None:
+                t0, c0 = time.perf_counter(), _cpu()
+                kb.embedder.embed(texts)
+                raw_s.append(time.perf_counter() - t0)
+                raw_cpu.append(_cpu() - c0)
+
+            for step in rotated([pipeline, raw], r):  # round 0 runs the pipeline first: its passages
+                step()
             store.close()
         ratios = [raw / pipe for raw, pipe in zip(raw_s, pipe_s, strict=True)]
         print(f"throughput: {docs} documents -> {len(texts)} passages, {tokens:,} model tokens; "
-              f"model {variant}; {rounds} rounds interleaved pipeline/raw")
-        print(f"{'':28} {'min':>8} {'median':>8} {'max':>8}")
-        print(f"{'pipeline seconds':28} {mmm(pipe_s)}")
-        print(f"{'raw model seconds':28} {mmm(raw_s)}")
-        print(f"{'pipeline tokens/s':28} {mmm([tokens / s for s in pipe_s])}")
-        print(f"{'raw model tokens/s':28} {mmm([tokens / s for s in raw_s])}")
-        print(f"{'pipeline / raw (per round)':28} {mmm(ratios)}   (target >= 0.85)")
-        print(f"{'CPU s: pipeline':28} {mmm(pipe_cpu)}")
-        print(f"{'CPU s: raw model':28} {mmm(raw_cpu)}")
-        print(f"{'CPU raw / pipeline':28} {mmm([r / p for r, p in zip(raw_cpu, pipe_cpu, strict=True)])}"
-              "   (the work besides the model; load on the machine does not move it)")
+              f"model {variant}; {rounds} rounds interleaved (pipeline/raw, raw/pipeline, ...); "
+              f"load average {os.getloadavg()[0]:.1f}")
+        print(f"{'':28} {'min/median/max':>24}")
+        row("pipeline seconds", pipe_s)
+        row("raw model seconds", raw_s)
+        row("pipeline tokens/s", [tokens / s for s in pipe_s])
+        row("raw model tokens/s", [tokens / s for s in raw_s])
+        row("pipeline / raw (per round)", ratios, "   (target >= 0.85)")
+        row("CPU s: pipeline", pipe_cpu)
+        row("CPU s: raw model", raw_cpu)
+        row("CPU raw / pipeline", [r / p for r, p in zip(raw_cpu, pipe_cpu, strict=True)],
+            "   (the work besides the model; load on the machine does not move it)")
         for key in ("wait_s", "embed_s", "write_s"):
-            print(f"{'pipeline ' + key:28} {mmm([w[key] for w in waits])}")
+            row("pipeline " + key, [w[key] for w in waits])
         print("rounds: " + ", ".join(f"{p:.1f}s/{r:.1f}s = {x:.2f}" for p, r, x in
                                       zip(pipe_s, raw_s, ratios, strict=True)))
 
 
-_PEAK = ("import resource, sys, time; from localkb.cli import main; t = time.perf_counter(); "
+_PEAK = ("import sys, time; sys.path.insert(0, sys.argv[2]); from _common import peak_rss_mb; "
+         "from localkb.cli import main; t = time.perf_counter(); "
          "rc = main(['add', 'Big', sys.argv[1], '--json']); "
-         "print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, "
-         "round(time.perf_counter() - t, 1), file=sys.stderr); sys.exit(rc)")
+         "print('PEAK', round(peak_rss_mb()), round(time.perf_counter() - t, 1), file=sys.stderr); "
+         "sys.exit(rc)")
 
 
 def peak_rss(label: str, path: Path, home: Path, model: str) -> None:
     env = {**os.environ, "LOCALKB_HOME": str(home)}
     subprocess.run([sys.executable, "-m", "localkb", "kb", "create", "Big", "--model", model], env=env,
                    check=True, capture_output=True)
-    res = subprocess.run([sys.executable, "-c", _PEAK, str(path)], env=env, capture_output=True, text=True,
-                         check=False)
+    res = subprocess.run([sys.executable, "-c", _PEAK, str(path), str(Path(__file__).resolve().parent)],
+                         env=env, capture_output=True, text=True, check=False)
     if res.returncode != 0:
         print(f"{label}: the add failed ({res.returncode}): {res.stderr[-800:]}")
         return

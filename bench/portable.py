@@ -17,7 +17,9 @@ import gzip
 import hashlib
 import io
 import json
+import os
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -34,8 +36,8 @@ WORDS = ("the of and a to in is was for on that with as by at from his her it an
          "lantern orchard voyage ledger furnace meadow")
 
 
-def generated(store: Store, model: str, n: int, seed: int = 1) -> bytes:
-    """An .awkb with ``n`` passages of English-like filler and the model's real vectors."""
+def generated(store: Store, model: str, n: int, seed: int = 1, *, random_vectors: bool = False) -> bytes:
+    """An .awkb with ``n`` passages of English-like filler and the model's vectors (or random unit ones)."""
     rng = random.Random(seed)
     words = WORDS.split()
     emb = store.models.get(model)
@@ -54,7 +56,12 @@ def generated(store: Store, model: str, n: int, seed: int = 1) -> bytes:
                            "tokens": 150,
                            "text_hash": hashlib.sha256(passage_text(title, text).encode()).hexdigest()[:32],
                            "indexed_by": "cli", "indexed_at": 1.7e9, "_p": passage_text(title, text)})
-    vecs = emb.embed([c.pop("_p") for c in chunks])
+    texts = [c.pop("_p") for c in chunks]
+    if random_vectors:  # import never re-embeds: the values do not change what it costs
+        vecs = np.random.default_rng(seed).standard_normal((n, emb.dim)).astype(np.float32)
+        vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    else:
+        vecs = emb.embed(texts)
     for c, v in zip(chunks, vecs, strict=True):
         c["vector"] = base64.b64encode(v.astype("<f4").tobytes()).decode()
     doc = {"format": "awkb", "version": 1, "model": {"id": model, "dim": emb.dim, "normalised": True},
@@ -79,12 +86,18 @@ def main() -> int:
     ap.add_argument("--chunks", type=int, default=5000)
     ap.add_argument("--model", default="all-MiniLM-L6-v2")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--random-vectors", action="store_true",
+                    help="random unit vectors instead of embedding the passages (import speed is the same)")
+    ap.add_argument("--keyword-engine", choices=["auto", "whoosh", "tantivy"], default="auto")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        store = Store(Settings.from_env({"LOCALKB_HOME": tmp}))
+        store = Store(Settings.from_env({**os.environ, "LOCALKB_HOME": tmp,
+                                         "LOCALKB_KEYWORD_ENGINE": args.keyword_engine}))
         t = time.perf_counter()
-        seed_file = generated(store, args.model, args.chunks)
-        print(f"generated {args.chunks} chunks with {args.model} in {time.perf_counter() - t:.1f} s")
+        seed_file = generated(store, args.model, args.chunks, random_vectors=args.random_vectors)
+        kind = "random unit vectors" if args.random_vectors else args.model
+        print(f"generated {args.chunks} chunks ({kind}) in {time.perf_counter() - t:.1f} s; "
+              f"keyword engine {args.keyword_engine}")
         import_kb(store, io.BytesIO(seed_file), name="Bench")
         kb = store.open_kb("Bench")
         exports, imports = [], []
@@ -104,7 +117,8 @@ def main() -> int:
               f"{report.sources} sources")
         print(f"export: {mb / min(exports):.1f} MB/s of file ({min(exports):.2f} s best of {args.repeat})")
         print(f"import: {mb / min(imports):.1f} MB/s of file ({min(imports):.2f} s best of {args.repeat}, "
-              "validation + one transaction + derived indexes)")
+              f"median {statistics.median(imports):.2f} s; validation + one transaction + derived "
+              f"indexes; keyword engine {made.knowledge_base['keyword_engine']})")
         for label, f32 in (("float32 shortest repr", True), ("Python float repr", False)):
             numbers = as_numbers(data, float32_repr=f32)
             raw_numbers = len(gzip.decompress(numbers))

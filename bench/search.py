@@ -1,18 +1,35 @@
-"""Query latency (p50, p95) per mode at 3,000 and 50,000 chunks, and cold-open time.
+"""Search at scale: p50/p95 per mode per keyword engine, interleaved, beside FTS5; cold open, RSS, writes.
 
-    python bench/search.py [--sizes 3000 50000] [--cache DIR]
+    python bench/search.py [--sizes 3000 30000 100000 300000] [--rounds 3] [--queries 300]
+                           [--real-vectors-up-to 3000] [--cache DIR]
 
-Knowledge bases are built from SciFact sentences (one passage each) with the real
-model and kept in the cache directory, so a second run only measures. Queries are
-the 300 SciFact test claims. Also prints where the time goes (stage medians).
+Per size, one knowledge base is built in the cache directory (kept, so a second run only
+measures): passages of real SciFact text (abstracts cut into ~70-word windows of whole
+sentences; past the ~14,000 that gives, further passages recombine SciFact sentences of
+random abstracts under a random title, printed as such), vectors from the real model up
+to --real-vectors-up-to passages and random unit vectors above (printed as such). The
+catalogue rows are written directly; the derived indexes are then rebuilt from the
+catalogue through the product (timed). Both keyword engines' indexes are built from the
+same rows, and the knowledge base is switched between them round by round (A/B, B/A ...),
+each round running the 300 SciFact test claims in every mode through the product's
+``Searcher``. Printed: p50/p95 per mode per engine over all rounds, min/median/max of the
+per-round p50 and of the whoosh/tantivy ratio, where the time goes (stage medians), a
+keyword row with SQLite FTS5 (porter unicode61, bm25, OR of the query terms) and each
+engine on the same terms interleaved query by query, the engines' top-32 overlap, a cold
+open in a new process with the first query and RSS after warm-up, and "add one note"
+in a new process (seconds, peak RSS) on a copy of the knowledge base.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import random
 import re
+import shutil
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -20,128 +37,379 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import SCIFACT, peak_rss_mb, scifact_docs
+from _common import SCIFACT, rotated, scifact_docs, spread
 
 from localkb.config import Settings
-from localkb.ingest.extract import Document, Section
-from localkb.ingest.pipeline import ingest_documents
+from localkb.ingest.chunk import passage_text
 from localkb.retrieval.search import Searcher, fetch_k
+from localkb.store import keyword_engine
+from localkb.store.analysis import query_terms
+from localkb.store.catalog import chunk_id, source_id, vector_blob, vector_key
 from localkb.store.kb import Store
-from localkb.store.vectors import EXPANSION_PER_CANDIDATE
 
 SENT = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
+WINDOW_WORDS = 70  # ~96 model tokens, the product's passage size
+ENGINES = keyword_engine.ENGINES
 
 
-def sentences(limit: int) -> list[tuple[str, str]]:
-    out = []
-    for d in scifact_docs():
-        for i, s in enumerate(SENT.split(d["text"])):
-            if len(s) > 30:
-                out.append((f"{d['_id']}-{i}", f"{d['title']}: {s}"))
-            if len(out) >= limit:
-                return out
-    while len(out) < limit:  # fewer sentences than asked: repeat with a marker
-        k, t = out[len(out) % max(1, len(out))]
-        out.append((f"{k}-r{len(out)}", t + f" (copy {len(out)})"))
-    return out
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))]
 
 
-def build(root: Path, size: int) -> Path:
+# -- data ---------------------------------------------------------------------------
+def passages(size: int) -> tuple[list[tuple[str, str]], str]:
+    """(title, text) passages of SciFact text, and how they were made."""
+    docs = scifact_docs()
+    out: list[tuple[str, str]] = []
+    pool: list[str] = []
+    for d in docs:
+        sents = [s for s in SENT.split(d["text"]) if s.strip()]
+        pool += sents
+        cur: list[str] = []
+        for s in sents:
+            cur.append(s)
+            if sum(len(x.split()) for x in cur) >= WINDOW_WORDS:
+                out.append((d["title"], " ".join(cur)))
+                cur = []
+        if cur:
+            out.append((d["title"], " ".join(cur)))
+    natural = len(out)
+    if size <= natural:
+        return out[:size], f"{size:,} SciFact passages (abstracts in ~{WINDOW_WORDS}-word windows)"
+    rng = random.Random(size)
+    titles = [d["title"] for d in docs]
+    while len(out) < size:
+        words, cur = 0, []
+        while words < WINDOW_WORDS:
+            s = rng.choice(pool)
+            cur.append(s)
+            words += len(s.split())
+        out.append((rng.choice(titles), " ".join(cur)))
+    return out, (f"{natural:,} SciFact passages + {size - natural:,} recombined from SciFact sentences "
+                 "(random abstracts' sentences under a random title)")
+
+
+def settings_for(home: Path) -> Settings:
+    return Settings.from_env({**os.environ, "LOCALKB_HOME": str(home), "LOCALKB_KEYWORD_ENGINE": "whoosh"})
+
+
+def build(root: Path, size: int, real_upto: int) -> Path:
     home = root / f"kb{size}"
     done = home / "built.json"
     if done.exists():
         return home
-    store = Store(Settings.from_env({**os.environ, "LOCALKB_HOME": str(home)}))
-    store.create_kb("bench")
-    kb = store.open_kb("bench")
-    items = []
-    for key, text in sentences(size):
-        def load(text=text, key=key):
-            return Document(title="", type="text", sections=[Section(text)]), f"s:{key}"
-        items.append((key, load))
+    shutil.rmtree(home, ignore_errors=True)
+    store = Store(settings_for(home))
+    rec = store.create_kb("bench", keyword_engine="whoosh")
+    kb = store.open_kb(rec.id)
+    kb.close()
+    rows, made = passages(size)
+    texts = [passage_text(t, x) for t, x in rows]
     t0 = time.perf_counter()
-    ingest_documents(kb, items, captured_by="api", batch_tokens=524_288)
-    n = store.catalog.counts(kb.id)["chunks"]
-    done.write_text(json.dumps({"chunks": n, "build_s": time.perf_counter() - t0}))
+    if size <= real_upto:
+        vecs = kb.embedder.embed(texts)
+        vec_kind = f"real {kb.record.model} vectors"
+    else:
+        rng = np.random.default_rng(size)
+        vecs = rng.standard_normal((size, kb.record.dim), dtype=np.float32)
+        vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+        vec_kind = "random unit vectors"
+    embed_s = time.perf_counter() - t0
+    now = time.time()
+    with store.catalog.tx() as db:
+        for i, ((title, text), full) in enumerate(zip(rows, texts, strict=True)):
+            sid = source_id(rec.id, f"bench:{i}")
+            h = hashlib.sha256(full.encode()).hexdigest()[:32]
+            db.execute("INSERT INTO sources VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                       (sid, rec.id, f"bench:{i}", "text", title, None, None, h, "api", 1, None, "en",
+                        now, now))
+            cid = chunk_id(rec.id, sid, 0)
+            db.execute("INSERT INTO chunks VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                       (cid, vector_key(cid), rec.id, sid, 0, text, h, None, len(text.split()),
+                        vector_blob(vecs[i]), "bench", now))
+        db.execute("UPDATE kbs SET generation = generation + 1 WHERE id = ?", (rec.id,))
+    shutil.rmtree(store.kb_dir(rec.id))  # the derived indexes are rebuilt from the catalogue
+    times = {}
+    kb = store.open_kb(rec.id)
+    gen = store.catalog.generation(rec.id)
+    with store.lock.hold():  # what a first open (or doctor --repair) does, one index at a time
+        t0 = time.perf_counter()
+        vi = kb._rebuild_vectors(gen)
+        times["vectors"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        kb._rebuild_keywords(gen, "whoosh").close()
+        times["whoosh"] = time.perf_counter() - t0
+        kb._prune(gen)
+    # tantivy beside it, from the same rows (the product removes the other engine's folder on
+    # a switch; the bench keeps both so it can switch between them without rebuilding).
+    t0 = time.perf_counter()
+    ti = keyword_engine.create("tantivy", keyword_engine.folder_for(kb.dir, "tantivy"))
+    ti.write([(r["id"], passage_text(r["title"], r["text"])) for r in store.catalog.db.execute(
+        "SELECT c.id, c.text, s.title FROM chunks c JOIN sources s ON s.id = c.source_id "
+        "WHERE c.kb_id = ? ORDER BY c.rowid", (rec.id,))], [], gen)
+    times["tantivy"] = time.perf_counter() - t0
+    ti.close()
+    del vi
+    t0 = time.perf_counter()
+    fts = sqlite3.connect(home / "fts5.sqlite")
+    fts.execute("CREATE VIRTUAL TABLE p USING fts5(cid UNINDEXED, body, tokenize='porter unicode61')")
+    fts.executemany("INSERT INTO p VALUES (?, ?)", [
+        (r[0], passage_text(r[2], r[1])) for r in store.catalog.db.execute(
+            "SELECT c.id, c.text, s.title FROM chunks c JOIN sources s ON s.id = c.source_id "
+            "WHERE c.kb_id = ?", (rec.id,))])
+    fts.commit()
+    fts.close()
+    times["fts5"] = time.perf_counter() - t0
+    n = store.catalog.counts(rec.id)["chunks"]
     store.close()
+    done.write_text(json.dumps({"chunks": n, "text": made, "vectors": vec_kind,
+                                "embed_s": round(embed_s, 1),
+                                "index_s": {k: round(v, 1) for k, v in times.items()}}))
     return home
 
 
-def queries() -> list[str]:
+def use_engine(store: Store, engine: str):
+    kb = store.open_kb("bench")
+    store.catalog.update_settings(kb.id, keyword_engine=engine, keyword_index=engine)
+    kb.close()
+    kb = store.open_kb("bench")
+    kb.indexes()
+    assert kb.indexes()[1].engine == engine
+    return kb
+
+
+def queries(n: int) -> list[str]:
     path = SCIFACT / "queries.jsonl"
     if path.exists():
         with open(path, encoding="utf-8") as fh:
             qs = [json.loads(line)["text"] for line in fh]
-        return qs[:300]
-    return [f"protein expression in tumour cohort {i}" for i in range(300)]
+        return qs[:n]
+    return [f"protein expression in tumour cohort {i}" for i in range(n)]
 
 
-def cold_open(home: Path) -> tuple[float, float]:
-    code = (
-        "import time,os;t=time.perf_counter();"
-        "from localkb.config import Settings;from localkb.store.kb import Store;"
-        "s=Store(Settings.from_env());kb=s.open_kb('bench');kb.indexes();"
-        "t1=time.perf_counter();from localkb.retrieval.search import Searcher;"
-        "Searcher(s).search(['bench'],'gene expression in tumours');"
-        "print(t1-t, time.perf_counter()-t1)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, "LOCALKB_HOME": str(home)})
-    a, b = out.stdout.split()
-    return float(a), float(b)
+# -- measurements ---------------------------------------------------------------------
+def run_modes(store: Store, qs: list[str], modes: tuple[str, ...]) -> dict[str, tuple[list[float], dict]]:
+    searcher = Searcher(store)
+    out = {}
+    for mode in modes:
+        lat, stages = [], {}
+        for q in qs:
+            t1 = time.perf_counter()
+            res = searcher.search(["bench"], q, k=8, mode=mode)
+            lat.append((time.perf_counter() - t1) * 1000)
+            for kbt in res.trace.get("kbs", {}).values():
+                for name, v in kbt.items():
+                    if name.endswith("_ms"):
+                        stages.setdefault(name[:-3], []).append(v)
+        out[mode] = (lat, stages)
+    return out
 
 
-def hnsw_recall(store: Store, qs: list[str]) -> str:
-    """How much of the exact top fetch_k(8) the HNSW search returns, over the bench queries."""
+def keyword_row(home: Path, store: Store, qs: list[str], rounds: int) -> None:
+    """Raw keyword search per engine and FTS5 on the same terms, interleaved query by query."""
     kb = store.open_kb("bench")
-    vi, _ = kb.indexes()
-    count = fetch_k(8)
-    shared = []
-    for qv in kb.embedder.embed(qs):
-        approx = set(vi.search(qv, count, exact_below=0).keys.tolist())
-        exact = set(vi.search(qv, count, exact_below=len(vi) + 1).keys.tolist())
-        shared.append(len(approx & exact) / len(exact))
-    used = "exact" if len(vi) < store.settings.exact_search_below else "HNSW"
-    return (f"HNSW recall of the exact top {count}: {statistics.mean(shared):.4f} "
-            f"(expansion {EXPANSION_PER_CANDIDATE} per candidate; searches here use {used})")
+    kis = {e: keyword_engine.load(e, keyword_engine.folder_for(kb.dir, e)) for e in ENGINES}
+    fts = sqlite3.connect(home / "fts5.sqlite")
+    want = fetch_k(8)
+
+    def fts5(terms: list[str]) -> list[str]:
+        words = [w for t in terms for w in re.findall(r"\w+", t)]
+        if not words:
+            return []
+        match = " OR ".join(f'"{w}"' for w in dict.fromkeys(words))
+        return [r[0] for r in fts.execute("SELECT cid FROM p WHERE p MATCH ? ORDER BY bm25(p) LIMIT ?",
+                                          (match, want))]
+
+    runners = {"fts5": fts5, **{e: (lambda terms, ki=ki: [h.chunk_id for h in ki.search(terms, want)])
+                                for e, ki in kis.items()}}
+    names = list(runners)
+    lat: dict[str, list[float]] = {n: [] for n in names}
+    per_round: dict[str, list[float]] = {n: [] for n in names}
+    overlap = []
+    terms_all = [query_terms(q) for q in qs]
+    for r in range(rounds):
+        this: dict[str, list[float]] = {n: [] for n in names}
+        for i, terms in enumerate(terms_all):
+            got = {}
+            for n in rotated(names, r + i):
+                t0 = time.perf_counter()
+                got[n] = runners[n](terms)
+                this[n].append((time.perf_counter() - t0) * 1000)
+            if r == 0 and got["whoosh"]:
+                overlap.append(len(set(got["whoosh"]) & set(got["tantivy"])) / len(got["whoosh"]))
+        for n in names:
+            lat[n] += this[n]
+            per_round[n].append(statistics.median(this[n]))
+    n_chunks = store.catalog.counts(kb.id)["chunks"]
+    for n in names:
+        print(f"{n_chunks:7} keyword-only {n:8} p50 {statistics.median(lat[n]):7.2f}  "
+              f"p95 {pct(lat[n], .95):7.2f} ms   per-round p50 min/med/max {spread(per_round[n])}")
+    ratios = [w / t for w, t in zip(per_round["whoosh"], per_round["tantivy"], strict=True)]
+    fts_r = [f / t for f, t in zip(per_round["fts5"], per_round["tantivy"], strict=True)]
+    print(f"{n_chunks:7} keyword-only whoosh/tantivy p50 ratio min/med/max {spread(ratios)}; "
+          f"fts5/tantivy {spread(fts_r)}; top-{want} overlap whoosh vs tantivy "
+          f"{statistics.mean(overlap):.3f} over {len(overlap)} queries")
+    fts.close()
+    for ki in kis.values():
+        ki.close()
+
+
+COLD = """
+import json, os, resource, sys, time
+t0 = time.perf_counter()
+from localkb.config import Settings
+from localkb.store.kb import Store
+from localkb.retrieval.search import Searcher
+import numpy, onnxruntime, usearch.index, whoosh.index, tantivy
+t_imports = time.perf_counter() - t0
+t1 = time.perf_counter()
+s = Store(Settings.from_env())
+kb = s.open_kb('bench')
+t_kb = time.perf_counter() - t1
+t1 = time.perf_counter()
+kb.indexes()
+t_indexes = time.perf_counter() - t1
+t_open = time.perf_counter() - t0
+qs = json.loads(sys.argv[1])
+t1 = time.perf_counter(); Searcher(s).search(['bench'], qs[0]); t_first = time.perf_counter() - t1
+t1 = time.perf_counter(); Searcher(s).search(['bench'], qs[1]); t_second = time.perf_counter() - t1
+for q in qs[2:]:
+    Searcher(s).search(['bench'], q)
+status = dict(line.split(':', 1) for line in open('/proc/self/status') if ':' in line)
+print(json.dumps({'open': t_open, 'imports': t_imports, 'kb': t_kb, 'indexes': t_indexes,
+                  'first': t_first, 'second': t_second,
+                  'rss_mb': int(status['VmRSS'].split()[0]) / 1024,
+                  'hwm_mb': int(status['VmHWM'].split()[0]) / 1024}))
+"""
+
+ADD = """
+import json, sys, time
+from localkb.config import Settings
+from localkb.ingest.extract import extract_text
+from localkb.ingest.pipeline import add_document
+from localkb.store.kb import Store
+s = Store(Settings.from_env())
+kb = s.open_kb('bench')
+kb.embedder.embed(['warm up the model'])  # the host has its model loaded; time the write
+spent = []
+real_embed = kb.embedder.embed
+def timed_embed(*a, **k):
+    t = time.perf_counter()
+    try:
+        return real_embed(*a, **k)
+    finally:
+        spent.append(time.perf_counter() - t)
+kb.embedder.embed = timed_embed
+def hwm_mb():  # VmHWM, not ru_maxrss: a child's ru_maxrss starts at its parent's RSS at fork
+    status = dict(line.split(':', 1) for line in open('/proc/self/status') if ':' in line)
+    return int(status['VmHWM'].split()[0]) / 1024
+before = hwm_mb()
+i = int(sys.argv[1])
+text = ' '.join(f'Note {i} paragraph {p}: the interleukin assay on cohort {i} gave a new reading.'
+                for p in range(25))
+t0 = time.perf_counter()
+add_document(kb, extract_text(text, title=f'Bench note {i}'), key=f'note:{i}')
+t_add = time.perf_counter() - t0
+vi, ki = kb.indexes()
+print(json.dumps({'add': t_add, 'embed': sum(spent), 'rss_before_mb': before,
+                  'peak_mb': hwm_mb(),
+                  'passages': s.catalog.counts(kb.id)['chunks'], 'log': vi.log_size(),
+                  'segments': ki.segment_count()}))
+"""
+
+
+def subprocess_json(code: str, home: Path, *args: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True,
+                         env={**os.environ, "LOCALKB_HOME": str(home)})
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def cold_and_writes(home: Path, store: Store, qs: list[str], rounds: int, n: int) -> None:
+    cold: dict[str, list[dict]] = {e: [] for e in ENGINES}
+    for r in range(rounds):
+        for e in rotated(list(ENGINES), r):
+            use_engine(store, e).close()
+            cold[e].append(subprocess_json(COLD, home, json.dumps(qs[:52])))
+    for e in ENGINES:
+        c = cold[e]
+        print(f"{n:7} cold open {e:8} (new process) min/med/max {spread([x['open'] * 1000 for x in c])} ms"
+              f" = imports {spread([x['imports'] * 1000 for x in c])} + store and embedder choice "
+              f"{spread([x['kb'] * 1000 for x in c])} + indexes (vector view, log, keyword index) "
+              f"{spread([x['indexes'] * 1000 for x in c])} ms; first hybrid query (loads "
+              f"the model) {spread([x['first'] * 1000 for x in c])} ms, second "
+              f"{spread([x['second'] * 1000 for x in c])} ms; RSS after 50 queries "
+              f"{spread([x['rss_mb'] for x in c])} MB (peak {max(x['hwm_mb'] for x in c):.0f})")
+    # "add one note" on a copy per engine, so the measured knowledge base stays as built.
+    for e in ENGINES:
+        use_engine(store, e).close()
+        with tempfile.TemporaryDirectory(prefix="localkb-bench-add-") as tmp:
+            copy = Path(tmp) / "home"
+            shutil.copytree(home, copy, ignore=shutil.ignore_patterns("fts5.sqlite", "built.json"))
+            adds = [subprocess_json(ADD, copy, str(i)) for i in range(rounds + 2)]
+        print(f"{n:7} add one note ({adds[0]['passages'] - n} passages) {e:8} min/med/max "
+              f"{spread([a['add'] for a in adds])} s, of which embedding "
+              f"{spread([a['embed'] for a in adds])} s, the rest (chunk, catalogue, indexes) "
+              f"{spread([a['add'] - a['embed'] for a in adds])} s; "
+              f"peak RSS {spread([a['peak_mb'] for a in adds])} MB "
+              f"(before the add {statistics.median([a['rss_before_mb'] for a in adds]):.0f} MB, the model "
+              f"loaded); vector log after: {adds[-1]['log']}; keyword segments {adds[-1]['segments']}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", type=int, nargs="+", default=[3000, 50000])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[3000, 30000])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--queries", type=int, default=300)
+    ap.add_argument("--real-vectors-up-to", type=int, default=3000)
     ap.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "localkb-bench-search"))
+    ap.add_argument("--build-only", action="store_true", help="build (and cache) the knowledge bases")
     args = ap.parse_args()
     root = Path(args.cache)
-    qs = queries()
-    print(f"{'chunks':>7} {'mode':8} {'p50 ms':>7} {'p95 ms':>7}   where the time goes (median ms)")
+    qs = queries(args.queries)
+    print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores "
+          "(a shared machine: read the ratios)")
     for size in args.sizes:
-        t0 = time.perf_counter()
-        home = build(root, size)
+        home = build(root, size, args.real_vectors_up_to)
         built = json.loads((home / "built.json").read_text())
-        store = Store(Settings.from_env({**os.environ, "LOCALKB_HOME": str(home)}))
-        searcher = Searcher(store)
-        searcher.search(["bench"], "warm up")
-        for mode in ("vector", "keyword", "hybrid"):
-            lat, stages = [], {}
-            for q in qs:
-                t1 = time.perf_counter()
-                res = searcher.search(["bench"], q, k=8, mode=mode)
-                lat.append((time.perf_counter() - t1) * 1000)
-                for kbt in res.trace.get("kbs", {}).values():
-                    for name, v in kbt.items():
-                        if name.endswith("_ms"):
-                            stages.setdefault(name, []).append(v)
-            lat.sort()
-            where = "  ".join(f"{k[:-3]} {statistics.median(v):.1f}" for k, v in stages.items())
-            print(f"{built['chunks']:7} {mode:8} {statistics.median(lat):7.1f} "
-                  f"{lat[int(0.95 * (len(lat) - 1))]:7.1f}   {where}")
-        print(f"{built['chunks']:7} {hnsw_recall(store, qs)}")
+        if args.build_only:
+            print(f"built {size}: {built}", flush=True)
+            continue
+        n = built["chunks"]
+        print(f"\n== {n:,} passages: {built['text']}; {built['vectors']}; indexes rebuilt from the "
+              f"catalogue in (s): {built['index_s']}")
+        store = Store(settings_for(home))
+        lat: dict[tuple[str, str], list[float]] = {}
+        p50s: dict[tuple[str, str], list[float]] = {}
+        stages: dict[tuple[str, str], dict] = {}
+        for r in range(args.rounds):
+            order = rotated(list(ENGINES), r)
+            for e in order:
+                use_engine(store, e)
+                Searcher(store).search(["bench"], "warm up")
+                modes = ("vector", "keyword", "hybrid") if e == order[0] else ("keyword", "hybrid")
+                for mode, (ms, st) in run_modes(store, qs, modes).items():
+                    key = ("any" if mode == "vector" else e, mode)
+                    lat.setdefault(key, []).extend(ms)
+                    p50s.setdefault(key, []).append(statistics.median(ms))
+                    into = stages.setdefault(key, {})
+                    for name, v in st.items():
+                        into.setdefault(name, []).extend(v)
+        print(f"{'passages':>8} {'engine':8} {'mode':8} {'p50 ms':>7} {'p95 ms':>7}  "
+              "per-round p50 min/med/max   where the time goes (median ms)")
+        for (e, mode), ms in sorted(lat.items(), key=lambda kv: (kv[0][1] != "vector", kv[0])):
+            where = "  ".join(f"{k} {statistics.median(v):.2f}" for k, v in stages[(e, mode)].items())
+            print(f"{n:8} {e:8} {mode:8} {statistics.median(ms):7.1f} {pct(ms, .95):7.1f}  "
+                  f"{spread(p50s[(e, mode)]):>22}   {where}")
+        for mode in ("keyword", "hybrid"):
+            ratio = [w / t for w, t in zip(p50s[("whoosh", mode)], p50s[("tantivy", mode)], strict=True)]
+            print(f"{n:8} {mode} p50 whoosh/tantivy per round min/med/max {spread(ratio)}")
+        keyword_row(home, store, qs, args.rounds)
         store.close()
-        open_s, first_s = cold_open(home)
-        print(f"{built['chunks']:7} cold open of the knowledge base (new process, indexes loaded): "
-              f"{open_s * 1000:.0f} ms; first hybrid query after it {first_s * 1000:.0f} ms "
-              f"(built in {built['build_s']:.0f} s{'' if time.perf_counter() - t0 > 5 else ', cached'})")
-    print(f"peak RSS of this process: {peak_rss_mb():.0f} MB")
+        cold_and_writes(home, Store(settings_for(home)), qs, args.rounds, n)
 
 
 if __name__ == "__main__":

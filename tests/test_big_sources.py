@@ -68,9 +68,12 @@ def test_a_pdf_is_read_page_by_page(tmp_path):
     assert [s.page for s in sections] == [2, 3, 4, 5, 6] and read == [1] * 6
 
 
-def test_a_big_source_is_staged_and_switched_in_whole(kb, tmp_path, monkeypatch):
+@pytest.mark.parametrize("engine", ["whoosh", "tantivy"])
+def test_a_big_source_is_staged_and_switched_in_whole(store, tmp_path, monkeypatch, engine):
     from localkb.store import kb as kb_module
 
+    store.create_kb("Docs", keyword_engine=engine)
+    kb = store.open_kb("Docs")
     # Small slices and keyword commits, so the switch's index update takes several of each.
     monkeypatch.setattr(kb_module, "APPLY_SLICE", 16)
     monkeypatch.setattr(kb_module, "APPLY_COMMIT", 40)
@@ -83,7 +86,7 @@ def test_a_big_source_is_staged_and_switched_in_whole(kb, tmp_path, monkeypatch)
     assert kb.catalog.db.execute("SELECT COUNT(*) FROM ingest_staging").fetchone()[0] == 0
     assert kb.catalog.counts(kb.id)["chunks"] == src.total
     vi, ki = kb.indexes()
-    assert len(vi) == ki.doc_count() == src.total
+    assert len(vi) == ki.doc_count() == src.total and ki.engine == engine
     writes = [e for e in events if e["stage"] == "write"]
     assert len(writes) > 4  # staged batch by batch, then the switch
     # A changed middle: only those passages are embedded again, the rest keep their vectors.
@@ -92,6 +95,11 @@ def test_a_big_source_is_staged_and_switched_in_whole(kb, tmp_path, monkeypatch)
     again = add_paths(kb, [str(path)], batch_tokens=1500).sources[0]
     assert again.status == "updated" and again.updated >= 1 and again.unchanged >= again.total - 3
     assert kb.catalog.counts(kb.id)["chunks"] == again.total
+    vi, ki = kb.indexes()
+    assert len(vi) == ki.doc_count() == again.total
+    kb.close()  # what was saved (vector base and log, keyword index) reopens whole
+    vi, ki = kb.indexes()
+    assert len(vi) == ki.doc_count() == again.total and vi.generation == ki.generation
 
 
 def _start_add(home: Path, path: Path, batch_tokens: int) -> subprocess.Popen:

@@ -263,11 +263,12 @@ def test_remove_source_deletes_its_chunks_everywhere(kb):
 
 def test_stale_index_is_caught_up_on_open(store, kb):
     add_document(kb, extract_text(long_text(3), title="A", url="https://x.test/1"), key="https://x.test/1")
-    saved = (kb.vector_path.read_bytes(), kb.vector_path.with_suffix(".json").read_text())
+    files = [kb.vector_path, kb.vector_path.with_suffix(".json"), kb.vector_path.with_suffix(".log")]
+    saved = [f.read_bytes() for f in files]
     add_document(kb, extract_text(long_text(5, 2), title="B", url="https://x.test/2"), key="https://x.test/2")
     # Simulate a crash after the catalogue commit but before the vector index was saved.
-    kb.vector_path.write_bytes(saved[0])
-    kb.vector_path.with_suffix(".json").write_text(saved[1])
+    for f, data in zip(files, saved, strict=True):
+        f.write_bytes(data)
     store.close()
     from localkb.store.kb import Store
 

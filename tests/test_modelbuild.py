@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from localkb.embedding import build as mb
+from localkb.embedding.verified import sha256_file
 from localkb.errors import EmbeddingUnavailable
 
 pytestmark = pytest.mark.slow
@@ -150,7 +151,7 @@ def test_build_records_inputs_outputs_and_verification(built: Path) -> None:
     assert info["verified"] is True
     assert info["inputs"]["weights_sha256"] == mb.WEIGHTS_SHA256
     for name in (mb.FP32_NAME, mb.INT8_NAME):
-        assert info["outputs"][name]["sha256"] == mb.sha256_file(built / name)
+        assert info["outputs"][name]["sha256"] == sha256_file(built / name)
     assert info["params"]["quantization"]["per_channel"] is True
     assert info["verification"]["int8_vs_fp32_min"] >= 0.98
     assert "onnxruntime" in info["versions"]
@@ -162,7 +163,7 @@ def test_rebuild_is_byte_identical(built: Path, tmp_path: Path) -> None:
     first = json.loads((built / mb.BUILD_JSON).read_text())
     for name in (mb.FP32_NAME, mb.INT8_NAME):
         assert again["outputs"][name]["sha256"] == first["outputs"][name]["sha256"]
-        assert mb.sha256_file(tmp_path / "again" / name) == mb.sha256_file(built / name)
+        assert sha256_file(tmp_path / "again" / name) == sha256_file(built / name)
 
 
 def test_build_is_a_noop_when_a_verified_build_is_up_to_date(built: Path) -> None:
@@ -219,7 +220,7 @@ def test_wrong_weights_with_matching_hash_fail_the_cosine_gate(built: Path, tmp_
             tensor.CopyFrom(numpy_helper.from_array(noisy, tensor.name))
     onnx.save_model(model, str(copy / mb.FP32_NAME))
     info = json.loads((copy / mb.BUILD_JSON).read_text())
-    info["outputs"][mb.FP32_NAME]["sha256"] = mb.sha256_file(copy / mb.FP32_NAME)
+    info["outputs"][mb.FP32_NAME]["sha256"] = sha256_file(copy / mb.FP32_NAME)
     (copy / mb.BUILD_JSON).write_text(json.dumps(info))
 
     with pytest.raises(EmbeddingUnavailable, match="below threshold") as caught:
@@ -241,17 +242,23 @@ def test_measure_variants_reports_each_and_caches_per_cpu(built: Path, tmp_path:
     shutil.copytree(built, copy)
     variants = mb.variant_paths(copy)
     texts = list(mb.VERIFY_TEXTS) * 3
-    first = mb.measure_variants(variants, texts)
+    first = mb.measure_variants(variants, texts, rounds=2)
     assert set(first) == set(mb.VARIANTS)
     assert all(value > 0 for value in first.values())
 
     cached = json.loads((copy / mb.BUILD_JSON).read_text())["speed"][mb.cpu_fingerprint()]
     assert cached["texts"] == len(texts)
-    assert cached["variants"][mb.BUILT_INT8]["sha256"] == mb.sha256_file(copy / mb.INT8_NAME)
+    # Every variant was timed in every round (interleaved), and the median stands for it.
+    assert cached["rounds"] == 2
+    for name, entry in cached["variants"].items():
+        assert entry["rounds"] == 2
+        assert entry["min"] <= entry["median"] <= entry["max"]
+        assert first[name] == entry["median"]
+    assert cached["variants"][mb.BUILT_INT8]["sha256"] == sha256_file(copy / mb.INT8_NAME)
     # A second call on the same texts and files reads the cache instead of re-timing.
-    assert mb.measure_variants(variants, texts) == {k: round(v, 1) for k, v in first.items()}
+    assert mb.measure_variants(variants, texts, rounds=2) == first
 
-    other = mb.measure_variants(variants, texts[:5])
+    other = mb.measure_variants(variants, texts[:5], rounds=2)
     assert set(other) == set(mb.VARIANTS)
     recached = json.loads((copy / mb.BUILD_JSON).read_text())["speed"][mb.cpu_fingerprint()]
     assert recached["texts"] == 5

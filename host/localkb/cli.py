@@ -38,7 +38,8 @@ def _store(args):
 
 # -- knowledge bases ---------------------------------------------------------------
 def cmd_kb_create(args, out: Out) -> int:
-    rec = _store(args).create_kb(args.name, privacy=args.privacy, model=args.model)
+    rec = _store(args).create_kb(args.name, privacy=args.privacy, model=args.model,
+                                 keyword_engine=args.keyword_engine)
     out.emit(rec.public(), f"created {rec.name} ({rec.id}, {rec.privacy}, {rec.model})")
     return 0
 
@@ -50,18 +51,26 @@ def cmd_kb_list(args, out: Out) -> int:
     def text() -> str:
         if not rows:
             return "no knowledge bases yet: localkb kb create NAME"
-        lines = [f"{'name':24} {'privacy':8} {'model':20} {'sources':>7} {'chunks':>7}  id"]
-        lines += [f"{r['name'][:24]:24} {r['privacy']:8} {r['model'][:20]:20} {r['sources']:>7} "
-                  f"{r['chunks']:>7}  {r['id']}" for r in rows]
+        lines = [f"{'name':24} {'privacy':8} {'model':20} {'keywords':16} {'sources':>7} {'chunks':>7}  id"]
+        lines += [f"{r['name'][:24]:24} {r['privacy']:8} {r['model'][:20]:20} "
+                  f"{_engine_label(r):16} {r['sources']:>7} {r['chunks']:>7}  {r['id']}" for r in rows]
         return "\n".join(lines)
 
     out.emit({"knowledge_bases": rows}, text)
     return 0
 
 
+def _engine_label(row: dict) -> str:
+    """``tantivy (auto)``: the engine in use, and that ``auto`` chose it."""
+    choice = row.get("keyword_engine_choice", "auto")
+    return row["keyword_engine"] + (" (auto)" if choice == "auto" else "")
+
+
 def cmd_kb_update(args, out: Out) -> int:
-    rec = _store(args).update_kb(args.kb, name=args.name, privacy=args.privacy)
-    out.emit(rec.public(), f"updated {rec.name} ({rec.privacy})")
+    rec = _store(args).update_kb(args.kb, name=args.name, privacy=args.privacy,
+                                 keyword_engine=args.keyword_engine)
+    out.emit(rec.public(), f"updated {rec.name} ({rec.privacy}; keyword engine "
+                           f"{_engine_label(rec.public())})")
     return 0
 
 
@@ -430,7 +439,8 @@ def cmd_eval(args, out: Out) -> int:
 
     res = run_eval(args.path, modes=args.modes, model=args.model, k=args.k,
                    rerank_model=args.rerank_model, limit_queries=args.limit_queries,
-                   baseline=args.baseline, split=args.split, index_dir=args.index_dir)
+                   keyword_engine=args.keyword_engine, baseline=args.baseline, split=args.split,
+                   index_dir=args.index_dir)
     out.emit(res, lambda: format_table(res))
     return 0
 
@@ -673,7 +683,8 @@ def cmd_model_build(args, out: Out) -> int:
                          f"min {v.get('int8_vs_fp32_min')}")
         sel = chosen.selection
         if sel.get("tokens_per_s"):
-            lines.append("  tokens/s on this machine: " + ", ".join(
+            lines.append(f"  tokens/s on this machine (median of {sel.get('rounds', 1)} interleaved rounds): "
+                         + ", ".join(
                 f"{k} {v:,}" for k, v in sel["tokens_per_s"].items()))
         lines.append(f"the embedder uses: {chosen.variant}"
                      + (f" ({sel['fallback']})" if sel.get("fallback") else ""))
@@ -814,13 +825,18 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("name")
     c.add_argument("--privacy", choices=["device", "cloud"], default="device")
     c.add_argument("--model", default=None, help="embedding model id (default all-MiniLM-L6-v2)")
+    c.add_argument("--keyword-engine", choices=["auto", "whoosh", "tantivy"], default=None,
+                   help="keyword index engine (default auto: Whoosh, tantivy from 5,000 passages)")
     c.set_defaults(func=cmd_kb_create)
     c = kbs.add_parser("list", parents=[common], help="list knowledge bases with counts")
     c.set_defaults(func=cmd_kb_list)
-    c = kbs.add_parser("update", parents=[common], help="rename or change privacy")
+    c = kbs.add_parser("update", parents=[common],
+                       help="rename, change privacy, or switch the keyword engine")
     c.add_argument("kb")
     c.add_argument("--name")
     c.add_argument("--privacy", choices=["device", "cloud"])
+    c.add_argument("--keyword-engine", choices=["auto", "whoosh", "tantivy"],
+                   help="switch the keyword engine (its index is rebuilt from the catalogue)")
     c.set_defaults(func=cmd_kb_update)
     c = kbs.add_parser("delete", parents=[common], help="delete a knowledge base and its data")
     c.add_argument("kb")
@@ -891,6 +907,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-k", type=int, default=10)
     c.add_argument("--rerank-model", default=None)
     c.add_argument("--limit-queries", type=int, default=None)
+    c.add_argument("--keyword-engine", choices=["auto", "whoosh", "tantivy"], nargs="+", default=None,
+                   help="keyword engine of the eval's knowledge base (default: as kb create); "
+                        "several: each scored on the same passages and vectors, paired")
     c.add_argument("--baseline", choices=["bm25"], default=None,
                    help="also score plain BM25 over whole pages (rank-bm25, \\w+ tokens)")
     c.add_argument("--split", default="test", help="the qrels file to score (qrels/SPLIT.tsv)")

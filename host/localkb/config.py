@@ -47,6 +47,8 @@ class Settings:
     #: in batches of this size and switched in at the end (``LOCALKB_INGEST_BATCH_TOKENS``).
     ingest_batch_tokens: int = 65_536
     fetch_timeout_s: float = 20.0
+    #: Keyword engine of new knowledge bases: auto | whoosh | tantivy (``LOCALKB_KEYWORD_ENGINE``).
+    keyword_engine: str = "auto"
     #: Whether chat turns are written to the query log.
     query_log: bool = True
     #: How long a model's write waits for the user's Approve before it counts as declined.
@@ -75,6 +77,8 @@ class Settings:
             changes["cutoff"] = float(env["LOCALKB_CUTOFF"])
         if env.get("LOCALKB_CONFIRM_TIMEOUT_S"):
             changes["confirm_timeout_s"] = float(env["LOCALKB_CONFIRM_TIMEOUT_S"])
+        if env.get("LOCALKB_KEYWORD_ENGINE"):
+            changes["keyword_engine"] = env["LOCALKB_KEYWORD_ENGINE"]
         if env.get("LOCALKB_QUERY_LOG") in {"0", "off", "false"}:
             changes["query_log"] = False
         changes.update(overrides)

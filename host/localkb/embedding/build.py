@@ -27,6 +27,7 @@ import logging
 import math
 import os
 import platform
+import statistics
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -41,13 +42,8 @@ from localkb import __version__
 
 # One definition of where the model files are, how they are hashed and how the tokenizer
 # is configured (padding off, truncation at 256): the embedder's.
-from localkb.embedding.files import (
-    load_tokenizer,
-    packaged_model_path,
-    sha256_file,
-    tokenizer_path,
-    weights_dir,
-)
+from localkb.embedding.files import load_tokenizer, packaged_model_path, tokenizer_path, weights_dir
+from localkb.embedding.verified import sha256_of
 from localkb.errors import EmbeddingUnavailable
 
 #: Bumped whenever the graph or the quantisation changes, so old builds are rebuilt.
@@ -390,7 +386,7 @@ def _up_to_date(info: dict | None, out_dir: Path, inputs: dict, params: dict) ->
     outputs = info.get("outputs") or {}
     for name in (FP32_NAME, INT8_NAME):
         path = out_dir / name
-        if not path.is_file() or outputs.get(name, {}).get("sha256") != sha256_file(path):
+        if not path.is_file() or outputs.get(name, {}).get("sha256") != sha256_of(path):
             return False
     return True
 
@@ -407,7 +403,7 @@ def build(out_dir: Path, *, force: bool = False, weights: Path | None = None) ->
     weights = Path(weights) if weights is not None else weights_dir() / "model.safetensors"
     tokenizer_file = tokenizer_path()
 
-    weights_sha = sha256_file(weights)
+    weights_sha = sha256_of(weights)
     if weights_sha != WEIGHTS_SHA256:
         raise EmbeddingUnavailable(
             f"refusing {weights.name}: sha256 {weights_sha[:12]}… is not the pinned "
@@ -415,8 +411,8 @@ def build(out_dir: Path, *, force: bool = False, weights: Path | None = None) ->
         )
     inputs = {
         "weights_sha256": weights_sha,
-        "config_sha256": sha256_file(weights.parent / "config.json"),
-        "tokenizer_sha256": sha256_file(tokenizer_file),
+        "config_sha256": sha256_of(weights.parent / "config.json"),
+        "tokenizer_sha256": sha256_of(tokenizer_file),
     }
     params = _build_params()
     if not force and _up_to_date(read_build_info(out_dir), out_dir, inputs, params):
@@ -465,7 +461,7 @@ def build(out_dir: Path, *, force: bool = False, weights: Path | None = None) ->
         "inputs": inputs,
         "params": params,
         "versions": _versions(),
-        "outputs": {name: {"sha256": sha256_file(out_dir / name),
+        "outputs": {name: {"sha256": sha256_of(out_dir / name),
                            "bytes": (out_dir / name).stat().st_size}
                     for name in (FP32_NAME, INT8_NAME)},
         "verified": False,
@@ -561,9 +557,9 @@ def verify(out_dir: Path) -> dict:
     for name in (FP32_NAME, INT8_NAME):
         if not (out_dir / name).is_file():
             raise fail(f"{name} is missing")
-        if sha256_file(out_dir / name) != outputs.get(name, {}).get("sha256"):
+        if sha256_of(out_dir / name) != outputs.get(name, {}).get("sha256"):
             raise fail(f"{name} does not match the sha256 recorded at build time")
-    if sha256_file(paths[PACKAGED_INT8]) != PACKAGED_SHA256:
+    if sha256_of(paths[PACKAGED_INT8]) != PACKAGED_SHA256:
         raise fail("the packaged int8 model does not carry its pinned sha256")
 
     tok = load_tokenizer()
@@ -618,60 +614,79 @@ def _cache_dir_for(variants: dict[str, Path]) -> Path | None:
     return None
 
 
+#: Rounds of the interleaved variant timing (``measure_variants``).
+TIMING_ROUNDS = 5
+
+
 def measure_variants(variants: dict[str, Path], texts: Sequence[str], *,
                      out_dir: Path | None = None, threads: int = 2,
-                     batch_size: int = 32) -> dict[str, float]:
-    """Tokens per second of each variant on ``texts`` (length-sorted batches).
+                     batch_size: int = 32, rounds: int = TIMING_ROUNDS) -> dict[str, float]:
+    """Median tokens per second of each variant on ``texts``, timed interleaved over ``rounds``.
 
-    Figures are cached in ``build.json`` (of ``out_dir``, or of the folder of the
-    built variants) under this machine's :func:`cpu_fingerprint`, and reused
-    while the model files and the texts are the same.
+    One timing of each variant one after the other rests on whatever load the machine
+    had at that moment; here every round times every variant once (the order rotating
+    from round to round), and the median of the rounds stands for each. The rounds'
+    min/median/max are cached in ``build.json`` (of ``out_dir``, or of the folder of
+    the built variants) under this machine's :func:`cpu_fingerprint`, and reused while
+    the model files, the texts and the number of rounds are the same.
     """
     if not texts:
         raise EmbeddingUnavailable("measure_variants needs at least one text")
     cache_dir = Path(out_dir) if out_dir is not None else _cache_dir_for(variants)
     fingerprint = cpu_fingerprint(threads)
     texts_sha = hashlib.sha256("\x00".join(texts).encode()).hexdigest()
-    model_shas = {name: sha256_file(Path(path)) for name, path in variants.items()}
+    model_shas = {name: sha256_of(Path(path)) for name, path in variants.items()}
 
     info = read_build_info(cache_dir) if cache_dir is not None else None
     cached = ((info or {}).get("speed") or {}).get(fingerprint) or {}
-    figures: dict[str, float] = {}
-    if cached.get("texts_sha256") == texts_sha and cached.get("batch_size") == batch_size:
+    figures: dict[str, dict] = {}
+    if (cached.get("texts_sha256") == texts_sha and cached.get("batch_size") == batch_size
+            and cached.get("rounds") == rounds):
         for name, sha in model_shas.items():
             entry = (cached.get("variants") or {}).get(name)
-            if entry and entry.get("sha256") == sha:
-                figures[name] = float(entry["tokens_per_s"])
+            if entry and entry.get("sha256") == sha and "median" in entry:
+                figures[name] = entry
+    todo = [name for name in variants if name not in figures]
+    if todo:
+        figures.update(_time_interleaved({n: variants[n] for n in todo}, texts, threads,
+                                         batch_size, rounds))
+        if cache_dir is not None and info is not None:
+            speed = info.setdefault("speed", {})
+            speed[fingerprint] = {
+                "texts_sha256": texts_sha, "texts": len(texts), "batch_size": batch_size,
+                "threads": threads, "rounds": rounds,
+                "variants": {name: {"sha256": model_shas[name], **figures[name]} for name in variants},
+            }
+            _write_json_atomic(cache_dir / BUILD_JSON, info)
+    return {name: float(figures[name]["median"]) for name in variants}
 
+
+def _time_interleaved(variants: dict[str, Path], texts: Sequence[str], threads: int,
+                      batch_size: int, rounds: int) -> dict[str, dict]:
+    """{variant: {tokens, min, median, max, rounds}} in tokens/s, A/B/A/B over ``rounds``."""
     tok = load_tokenizer()
     encodings = tok.encode_batch(list(texts))
     tokens = sum(len(e.ids) for e in encodings)
     batches = list(_batches(encodings, batch_size))
-    for name, path in variants.items():
-        if name in figures:
-            continue
-        session = open_session(Path(path), threads)
+    names = list(variants)
+    sessions = {}
+    for name in names:
+        sessions[name] = open_session(Path(variants[name]), threads)
         try:
-            session.run(["last_hidden_state"], batches[0][1])  # warm-up: allocations, caches
-            start = time.perf_counter()
-            for _, feeds in batches:
-                session.run(["last_hidden_state"], feeds)
-            elapsed = time.perf_counter() - start
+            sessions[name].run(["last_hidden_state"], batches[0][1])  # warm-up: allocations, caches
         except Exception as err:
             raise EmbeddingUnavailable(f"onnxruntime failed while timing {name}: {err}") from err
-        figures[name] = tokens / elapsed
-
-    if cache_dir is not None and info is not None:
-        speed = info.setdefault("speed", {})
-        speed[fingerprint] = {
-            "texts_sha256": texts_sha,
-            "texts": len(texts),
-            "tokens": tokens,
-            "batch_size": batch_size,
-            "threads": threads,
-            "variants": {name: {"sha256": model_shas[name],
-                                "tokens_per_s": round(figures[name], 1)}
-                         for name in variants},
-        }
-        _write_json_atomic(cache_dir / BUILD_JSON, info)
-    return {name: figures[name] for name in variants}
+    speeds: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(max(1, rounds)):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            try:
+                start = time.perf_counter()
+                for _, feeds in batches:
+                    sessions[name].run(["last_hidden_state"], feeds)
+                elapsed = time.perf_counter() - start
+            except Exception as err:
+                raise EmbeddingUnavailable(f"onnxruntime failed while timing {name}: {err}") from err
+            speeds[name].append(tokens / elapsed)
+    return {name: {"tokens": tokens, "rounds": len(v), "min": round(min(v), 1),
+                   "median": round(statistics.median(v), 1), "max": round(max(v), 1)}
+            for name, v in speeds.items()}

@@ -305,10 +305,12 @@ def select_minilm(settings, *, force_build: bool = False) -> MiniLMEmbedder:
         emb.selection = {"forced": True}
         return emb
     from localkb.embedding import build as modelbuild
+    from localkb.embedding import verified
 
     built_dir = settings.models_root / "minilm-built"
     try:
         built_dir.mkdir(parents=True, exist_ok=True)
+        verified.use_folder(built_dir)
         # Two hosts starting at once must not build into the same folder together.
         with FileLock(built_dir / ".build.lock").hold():
             info = modelbuild.build(built_dir, force=force_build)
@@ -327,6 +329,7 @@ def select_minilm(settings, *, force_build: bool = False) -> MiniLMEmbedder:
             emb = MiniLMEmbedder(paths[choice], info["outputs"][name]["sha256"], variant=choice, **common)
         emb.selection = {"forced": bool(forced),
                          "tokens_per_s": {k: round(v) for k, v in speeds.items()},
+                         "rounds": modelbuild.TIMING_ROUNDS if speeds else 0,
                          "verification": info.get("verification", {})}
         return emb
     except (EmbeddingUnavailable, OSError) as err:

@@ -10,25 +10,14 @@ embedder and the model build read every file through here, after its hash was ch
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
+from localkb.embedding.verified import sha256_of
 from localkb.errors import EmbeddingUnavailable
 
 PACKAGED_MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
 TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
 MAX_TOKENS = 256
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in blocks."""
-    digest = hashlib.sha256()
-    try:
-        with open(path, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(block)
-    except OSError as err:
-        raise EmbeddingUnavailable(f"cannot read {Path(path).name}: {err}") from err
-    return digest.hexdigest()
 
 
 def _package_dir(module: str) -> Path:
@@ -61,7 +50,7 @@ def check_sha256(path: Path, expected: str, what: str) -> None:
     """Refuse a file whose bytes are not the ones we verified."""
     if not path.is_file():
         raise EmbeddingUnavailable(f"{what} is missing: {path}")
-    actual = sha256_file(path)
+    actual = sha256_of(path)  # re-read only when the file's identity changed (verified.py)
     if actual != expected:
         raise EmbeddingUnavailable(
             f"{what} at {path} is not the verified file (sha256 {actual[:12]}..., "

@@ -203,6 +203,7 @@ def reembed(store: Store, ref: str, model: str, *, batch_size: int = 64,
         old = store.kb_dir(rec.id) / f"vectors-{rec.model}.usearch"
         old.unlink(missing_ok=True)
         old.with_suffix(".json").unlink(missing_ok=True)
+        old.with_suffix(".log").unlink(missing_ok=True)
         _emit(progress, stage="index", done=1, total=1)
     report.chunks = store.catalog.counts(rec.id)["chunks"]
     return report

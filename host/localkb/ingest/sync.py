@@ -16,7 +16,6 @@ debounced), until asked to stop.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,32 +63,19 @@ class SyncRules:
         return {"folder": str(self.folder), "include": list(self.include), "exclude": list(self.exclude)}
 
 
-def _kb_settings(kb: KnowledgeBase) -> dict:
-    row = kb.catalog.db.execute("SELECT settings FROM kbs WHERE id = ?", (kb.id,)).fetchone()
-    try:
-        data = json.loads(row[0]) if row and row[0] else {}
-    except ValueError:
-        data = {}
-    return data if isinstance(data, dict) else {}
-
-
 def remembered(kb: KnowledgeBase) -> SyncRules | None:
     """The folder and rules the last ``sync KB FOLDER`` remembered, if any."""
-    raw = _kb_settings(kb).get("sync")
+    rec = kb.catalog.kb(kb.id)
+    raw = rec.settings.get("sync") if rec is not None else None
     if not isinstance(raw, dict) or not raw.get("folder"):
         return None
     return SyncRules(Path(raw["folder"]), tuple(raw.get("include") or ()), tuple(raw.get("exclude") or ()))
 
 
 def remember(kb: KnowledgeBase, rules: SyncRules) -> None:
-    with kb.store.lock.hold(), kb.catalog.tx() as db:
-        row = db.execute("SELECT settings FROM kbs WHERE id = ?", (kb.id,)).fetchone()
-        try:
-            data = json.loads(row[0]) if row and row[0] else {}
-        except ValueError:
-            data = {}
-        data["sync"] = rules.to_dict()
-        db.execute("UPDATE kbs SET settings = ? WHERE id = ?", (json.dumps(data), kb.id))
+    """Keep the rules in the knowledge base's settings, beside its other settings (keyword engine)."""
+    with kb.store.lock.hold():
+        kb.catalog.update_settings(kb.id, sync=rules.to_dict())
 
 
 def resolve_rules(kb: KnowledgeBase, folder: str | Path | None, include: Iterable[str] | None,

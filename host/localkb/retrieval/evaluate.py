@@ -151,15 +151,22 @@ def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
 def run_eval(path: str | Path, *, modes: Sequence[str] = ("vector", "keyword", "hybrid"),
              model: str | None = None, k: int = 10, rerank_model: str | None = None,
              limit_queries: int | None = None, settings: Settings | None = None,
-             baseline: str | None = None, split: str = "test", index_dir: Path | None = None,
-             progress=None) -> dict:
+             keyword_engine: str | Sequence[str] | None = None, baseline: str | None = None,
+             split: str = "test", index_dir: Path | None = None, progress=None) -> dict:
     """Index the corpus into a temporary store and score every mode; returns a dict of figures.
 
     ``index_dir`` keeps the store there instead: a later run on the same folder scores the
     index already built (a bench on a large corpus pays for indexing once).
+
+    Several keyword engines (``keyword_engine=["whoosh", "tantivy"]``) are scored on the
+    same passages and vectors: after the first, the knowledge base is switched (its keyword
+    index rebuilt from the catalogue) and the keyword-using modes run again, named
+    ``mode[engine]`` and compared with the first engine's hybrid query by query.
     """
     if baseline is not None and baseline not in BASELINES:
         raise InvalidInput(f"baseline must be one of {', '.join(BASELINES)}")
+    engines = [keyword_engine] if isinstance(keyword_engine, str) or keyword_engine is None \
+        else list(keyword_engine)
     corpus, queries, qrels = load_beir(Path(path), split)
     absent = load_absent(Path(path))
     if limit_queries:
@@ -180,11 +187,13 @@ def run_eval(path: str | Path, *, modes: Sequence[str] = ("vector", "keyword", "
                 sid_to_doc = {row[0]: row[1].removeprefix("doc:") for row in store.catalog.db.execute(
                     "SELECT id, key FROM sources WHERE kb_id = ?", (kb.id,))}
                 failed = sorted(set(corpus) - set(sid_to_doc.values()))
+                if engines[0] is not None:
+                    store.update_kb(kb.id, keyword_engine=engines[0])
                 if baseline:
                     for _, load in jobs:
                         load()
             else:
-                store.create_kb("eval", model=model)
+                store.create_kb("eval", model=model, keyword_engine=engines[0])
                 kb = store.open_kb("eval")
                 reports = ingest_documents(kb, jobs, captured_by="api", progress=progress,
                                            batch_tokens=262_144)
@@ -197,7 +206,9 @@ def run_eval(path: str | Path, *, modes: Sequence[str] = ("vector", "keyword", "
                              "documents": len(corpus), "passages": store.catalog.counts(kb.id)["chunks"],
                              "queries": len(queries), "absent_queries": len(absent),
                              "split": split, "index_seconds": round(index_s, 1),
-                             "failed_documents": failed, "modes": {}}
+                             "failed_documents": failed, "modes": {},
+                             "keyword_engine": store.resolve(kb.id).keyword_engine,
+                             "keyword_engines": [store.resolve(kb.id).keyword_engine, *engines[1:]]}
             ndcgs: dict[str, list[float]] = {}
             if baseline == "bm25":
                 ranked_by = bm25_pages(pages)
@@ -207,7 +218,15 @@ def run_eval(path: str | Path, *, modes: Sequence[str] = ("vector", "keyword", "
                 results["modes"]["bm25"] = _summary(per_query, queries, ndcgs["bm25"], [])
                 results["modes"]["bm25"]["absent_reported"] = sum(
                     bool(ranked_by(q["text"])) for q in absent.values())
-            for mode, rerank in run_modes:
+            passes = [(m, r, m + ("+rerank" if r else "")) for m, r in run_modes]
+            for e in engines[1:]:
+                passes.append((e, None, None))  # switch the engine, then its keyword modes
+                passes += [(m, r, f"{m}{'+rerank' if r else ''}[{e}]") for m, r in run_modes
+                           if m != "vector"]
+            for mode, rerank, name in passes:
+                if name is None:
+                    store.update_kb(kb.id, keyword_engine=mode)
+                    continue
                 per_query, latencies = {}, []
                 for qid, q in queries.items():
                     t1 = time.perf_counter()
@@ -223,7 +242,6 @@ def run_eval(path: str | Path, *, modes: Sequence[str] = ("vector", "keyword", "
                         if doc and doc not in ranked:
                             ranked.append(doc)
                     per_query[qid] = metrics(ranked, qrels[qid])
-                name = mode + ("+rerank" if rerank else "")
                 ndcgs[name] = [m["ndcg@10"] for m in per_query.values()]
                 results["modes"][name] = _summary(per_query, queries, ndcgs[name], latencies)
                 if absent:
@@ -320,7 +338,8 @@ def format_table(res: dict) -> str:
     absent = res.get("absent_queries", 0)
     lines = [f"{res['dataset']}{split}: {res['documents']} documents, {res['passages']} passages, "
              f"{res['queries']} queries" + (f" + {absent} absent" if absent else "")
-             + f"; model {res['model']} ({res['variant']}); indexed in {res['index_seconds']} s",
+             + f"; model {res['model']} ({res['variant']}); keyword engine {res.get('keyword_engine')}; "
+             f"indexed in {res['index_seconds']} s",
              f"{'mode':22} " + " ".join(f"{c:>9}" for c in cols)
              + f" {'ndcg@10 95% CI':>15} {'median ms':>10} {'p95 ms':>8}"
              + (f" {'absent reported':>16}" if absent else "")]

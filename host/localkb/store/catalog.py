@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -149,10 +149,18 @@ class KBRecord:
     dim: int
     created: float
     generation: int
+    settings: dict = field(default_factory=dict)
+
+    @property
+    def keyword_engine(self) -> str:
+        """The engine the knowledge base's keyword index was last built with."""
+        return self.settings.get("keyword_index", "whoosh")
 
     def public(self) -> dict:
         return {"id": self.id, "name": self.name, "privacy": self.privacy, "model": self.model,
-                "dim": self.dim, "created": self.created, "generation": self.generation}
+                "dim": self.dim, "created": self.created, "generation": self.generation,
+                "keyword_engine": self.keyword_engine,
+                "keyword_engine_choice": self.settings.get("keyword_engine", "auto")}
 
 
 class Catalog:
@@ -222,8 +230,26 @@ class Catalog:
 
     @staticmethod
     def _kb(row: sqlite3.Row) -> KBRecord:
+        try:
+            settings = json.loads(row["settings"] or "{}")
+        except ValueError:
+            settings = {}
         return KBRecord(row["id"], row["name"], row["privacy"], row["model"], row["dim"],
-                        row["created"], row["generation"])
+                        row["created"], row["generation"],
+                        settings if isinstance(settings, dict) else {})
+
+    def update_settings(self, kb_id: str, **values: object) -> None:
+        """Merge ``values`` into the knowledge base's settings JSON (its own small transaction)."""
+        with self.tx() as db:
+            row = db.execute("SELECT settings FROM kbs WHERE id = ?", (kb_id,)).fetchone()
+            if row is None:
+                return
+            try:
+                current = json.loads(row[0] or "{}")
+            except ValueError:
+                current = {}
+            current = {**(current if isinstance(current, dict) else {}), **values}
+            db.execute("UPDATE kbs SET settings = ? WHERE id = ?", (json.dumps(current), kb_id))
 
     def generation(self, kb_id: str) -> int | None:
         row = self.db.execute("SELECT generation FROM kbs WHERE id = ?", (kb_id,)).fetchone()

@@ -9,6 +9,7 @@ search never runs on a stale or partial index without saying so.
 
 from __future__ import annotations
 
+import json
 import shutil
 import sqlite3
 import threading
@@ -35,8 +36,9 @@ from localkb.ingest.chunk import passage_text
 from localkb.locks import FileLock
 from localkb.perms import private_dir, tighten
 from localkb.staging import Staging
+from localkb.store import keyword_engine as keyword_engine_mod
 from localkb.store.catalog import Catalog, KBRecord, blob_vector, valid_vector
-from localkb.store.keywords import KeywordIndex
+from localkb.store.keyword_engine import KeywordEngine
 from localkb.store.vectors import VectorIndex
 from localkb.strings import clean_name, string_problem
 
@@ -91,8 +93,10 @@ class Store:
             raise KnowledgeBaseNotFound(f"no knowledge base named or with id {ref!r}")
         return rec
 
-    def create_kb(self, name: str, *, privacy: str = "device", model: str | None = None) -> KBRecord:
+    def create_kb(self, name: str, *, privacy: str = "device", model: str | None = None,
+                  keyword_engine: str | None = None) -> KBRecord:
         name = _check_name(name)
+        engine = keyword_engine_mod.check_choice(keyword_engine or self.settings.keyword_engine)
         if privacy not in PRIVACY:
             raise InvalidInput(f"privacy must be 'device' or 'cloud', not {privacy!r}")
         model = model or self.settings.default_model
@@ -102,8 +106,10 @@ class Store:
             try:
                 with self.catalog.tx() as db:
                     db.execute(
-                        "INSERT INTO kbs (id, name, privacy, model, dim, created) VALUES (?,?,?,?,?,?)",
-                        (kb_id, name, privacy, spec.id, spec.dim, time.time()))
+                        "INSERT INTO kbs (id, name, privacy, model, dim, created, settings) "
+                        "VALUES (?,?,?,?,?,?,?)",
+                        (kb_id, name, privacy, spec.id, spec.dim, time.time(),
+                         json.dumps({"keyword_engine": engine})))
             except LocalKBError as err:
                 if isinstance(err.__cause__, sqlite3.IntegrityError):
                     raise Conflict(f"a knowledge base named {name!r} already exists") from err
@@ -111,10 +117,14 @@ class Store:
             self.open_kb(kb_id).indexes()  # empty derived indexes exist from the start
         return self.resolve(kb_id)
 
-    def update_kb(self, ref: str, *, name: str | None = None, privacy: str | None = None) -> KBRecord:
+    def update_kb(self, ref: str, *, name: str | None = None, privacy: str | None = None,
+                  keyword_engine: str | None = None) -> KBRecord:
+        """Rename, change privacy, or choose the keyword engine (its index is rebuilt on a switch)."""
         rec = self.resolve(ref)
         if privacy is not None and privacy not in PRIVACY:
             raise InvalidInput(f"privacy must be 'device' or 'cloud', not {privacy!r}")
+        if keyword_engine is not None:
+            keyword_engine_mod.check_choice(keyword_engine)
         with self.lock.hold():
             try:
                 with self.catalog.tx() as db:
@@ -126,6 +136,12 @@ class Store:
                 if isinstance(err.__cause__, sqlite3.IntegrityError):
                     raise Conflict(f"a knowledge base named {name!r} already exists") from err
                 raise
+            if keyword_engine is not None:
+                self.catalog.update_settings(rec.id, keyword_engine=keyword_engine)
+                kb = self.open_kb(rec.id)
+                with kb._lock:
+                    kb.close()
+                    kb._repair()  # builds the index the new choice names, from the catalogue
         return self.resolve(rec.id)
 
     def delete_kb(self, ref: str) -> KBRecord:
@@ -165,7 +181,7 @@ class Store:
         self.catalog.close()
 
 
-def _usable(load: Callable[[], VectorIndex | KeywordIndex], gen: int, pruned: int):
+def _usable(load: Callable[[], VectorIndex | KeywordEngine], gen: int, pruned: int):
     """The saved index if the change log can bring it to ``gen``; None means rebuild it."""
     try:
         index = load()
@@ -195,7 +211,7 @@ class KnowledgeBase:
                                 f"the knowledge base was created with {record.dim}")
         self.dir = store.kb_dir(record.id)
         self._vectors: VectorIndex | None = None
-        self._keywords: KeywordIndex | None = None
+        self._keywords: KeywordEngine | None = None
         self._lock = threading.RLock()
 
     @property
@@ -214,7 +230,15 @@ class KnowledgeBase:
 
     @property
     def keyword_path(self) -> Path:
-        return self.dir / "keywords"
+        """The folder of the keyword index, for the engine it was last built with."""
+        return keyword_engine_mod.folder_for(self.dir, self.record.keyword_engine)
+
+    def wanted_engine(self, passages: int | None = None) -> str:
+        """The keyword engine this knowledge base's choice names at its size."""
+        choice = self.record.settings.get("keyword_engine", "auto")
+        if passages is None:
+            passages = self.catalog.counts(self.id)["chunks"]
+        return keyword_engine_mod.effective(choice, passages, self.record.keyword_engine)
 
     def close(self) -> None:
         with self._lock:
@@ -223,7 +247,7 @@ class KnowledgeBase:
             self._vectors = self._keywords = None
 
     # -- freshness -------------------------------------------------------------
-    def indexes(self) -> tuple[VectorIndex, KeywordIndex]:
+    def indexes(self) -> tuple[VectorIndex, KeywordEngine]:
         """Both derived indexes, at the catalogue's current generation."""
         gen = self.catalog.generation(self.id)
         if gen is None:
@@ -244,7 +268,7 @@ class KnowledgeBase:
             self.close()
             try:
                 self._vectors = VectorIndex.load(self.vector_path, self.record.model, self.record.dim)
-                self._keywords = KeywordIndex.load(self.keyword_path)
+                self._keywords = keyword_engine_mod.load(self.record.keyword_engine, self.keyword_path)
             except LocalKBError:
                 self.close()
             if self._fresh(gen):
@@ -273,7 +297,10 @@ class KnowledgeBase:
         done = {"vectors": "ok", "keywords": "ok"}
         vi = _usable(lambda: VectorIndex.load(self.vector_path, self.record.model, self.record.dim),
                      gen, pruned)
-        ki = _usable(lambda: KeywordIndex.load(self.keyword_path), gen, pruned)
+        engine = self.wanted_engine()
+        ki = None
+        if engine == self.record.keyword_engine:
+            ki = _usable(lambda: keyword_engine_mod.load(engine, self.keyword_path), gen, pruned)
         if vi is None:
             vi = self._rebuild_vectors(gen)
             done["vectors"] = "rebuilt"
@@ -281,7 +308,7 @@ class KnowledgeBase:
             self._catch_up(vi, None, vi.generation, gen)
             done["vectors"] = "caught up"
         if ki is None:
-            ki = self._rebuild_keywords(gen)
+            ki = self._rebuild_keywords(gen, engine)
             done["keywords"] = "rebuilt"
         elif ki.generation < gen:
             self._catch_up(None, ki, ki.generation, gen)
@@ -300,13 +327,13 @@ class KnowledgeBase:
             db.execute("DELETE FROM changes WHERE kb_id = ? AND generation <= ?", (self.id, gen))
             db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (f"pruned:{self.id}", str(gen)))
 
-    def _catch_up(self, vi: VectorIndex | None, ki: KeywordIndex | None, since: int, gen: int) -> None:
+    def _catch_up(self, vi: VectorIndex | None, ki: KeywordEngine | None, since: int, gen: int) -> None:
         touched = self.catalog.db.execute(
             "SELECT DISTINCT chunk_id, vkey FROM changes WHERE kb_id = ? AND generation > ?",
             (self.id, since)).fetchall()
         self._apply(vi, ki, [(r[0], r[1]) for r in touched], gen)
 
-    def _apply(self, vi: VectorIndex | None, ki: KeywordIndex | None,
+    def _apply(self, vi: VectorIndex | None, ki: KeywordEngine | None,
                touched: list[tuple[str, int]], gen: int) -> None:
         """Make the indexes agree with the catalogue for ``touched`` chunks, then save.
 
@@ -352,30 +379,39 @@ class KnowledgeBase:
         # Rows are streamed into arrays sized once: a rebuild holds the vectors once, not a list
         # of them and then a stacked copy (an import of a big knowledge base ends here).
         vi = VectorIndex(self.vector_path, self.record.model, self.record.dim)
-        n = self.catalog.db.execute("SELECT COUNT(*) FROM chunks WHERE kb_id = ?",
-                                    (self.id,)).fetchone()[0]
+        n = self.catalog.counts(self.id)["chunks"]
         keys = np.empty(n, dtype=np.uint64)
         vecs = np.empty((n, self.record.dim), dtype=np.float32)
-        got = 0
+        i = 0
         for row in self.catalog.db.execute("SELECT vkey, vector FROM chunks WHERE kb_id = ?",
                                            (self.id,)):
-            if got == n:
+            if i == n:  # rows added since the count (not under our lock): the next open catches up
                 break
-            keys[got] = row[0]
-            vecs[got] = blob_vector(row[1])
-            got += 1
-        if got:
-            vi.upsert(keys[:got], vecs[:got])
-        vi.save(gen)
+            keys[i] = row[0]
+            vecs[i] = blob_vector(row[1])
+            i += 1
+        vi.build(keys[:i], vecs[:i], gen)
         return vi
 
-    def _rebuild_keywords(self, gen: int) -> KeywordIndex:
-        ki = KeywordIndex.create(self.keyword_path)
+    def _rebuild_keywords(self, gen: int, engine: str) -> KeywordEngine:
+        """A fresh keyword index of ``engine`` from the catalogue; the other engine's folder goes."""
+        folder = keyword_engine_mod.folder_for(self.dir, engine)
+        ki = keyword_engine_mod.create(engine, folder)
         rows = self.catalog.db.execute(
             "SELECT c.id, c.text, s.title FROM chunks c JOIN sources s ON s.id = c.source_id "
             "WHERE c.kb_id = ? ORDER BY c.rowid", (self.id,))
-        # A generator, not a list: the passages stream through Whoosh's writer.
-        ki.write(((r[0], passage_text(r[2], r[1])) for r in rows), [], gen)  # type: ignore[arg-type]
+        # Streamed from the cursor, as a big switch's catch-up streams its slices: the engine
+        # bounds its own buffers (Whoosh's limitmb, tantivy's writer heap), so a rebuild never
+        # holds every passage's text in a list first.
+        ki.write(((r["id"], passage_text(r["title"], r["text"])) for r in rows), [], gen)
+        if engine != self.record.keyword_engine:
+            self.catalog.update_settings(self.id, keyword_index=engine)
+            self.record = self.store.resolve(self.id)
+        for other in keyword_engine_mod.ENGINES:
+            if other != engine:
+                old = keyword_engine_mod.folder_for(self.dir, other)
+                shutil.rmtree(old, ignore_errors=True)
+                old.with_suffix(".json").unlink(missing_ok=True)
         return ki
 
     # -- writing ---------------------------------------------------------------
@@ -403,7 +439,16 @@ class KnowledgeBase:
             if change:
                 with self._lock:
                     try:
-                        self._apply(self._vectors, self._keywords, change.upserted + change.deleted, gen)
+                        touched = change.upserted + change.deleted
+                        engine = self._keywords.engine
+                        if self.wanted_engine(self._keywords.doc_count() + len(change.upserted)) != engine:
+                            engine = self.wanted_engine()  # ``auto`` may cross its line: count exactly
+                        if engine == self._keywords.engine:
+                            self._apply(self._vectors, self._keywords, touched, gen)
+                        else:  # the other engine, built from the catalogue, not this one updated
+                            self._apply(self._vectors, None, touched, gen)
+                            self._keywords.close()
+                            self._keywords = self._rebuild_keywords(gen, engine)
                         self._prune(gen)
                     except LocalKBError as err:
                         self.close()
@@ -413,7 +458,7 @@ class KnowledgeBase:
 
     # -- health ----------------------------------------------------------------
     def health(self, *, repair: bool = False) -> dict:
-        """Counts across SQLite, usearch and Whoosh, and whether they agree."""
+        """Counts across SQLite, usearch and the keyword engine, and whether they agree."""
         db = self.catalog.db
         rows = db.execute("SELECT vkey, vector FROM chunks WHERE kb_id = ?", (self.id,)).fetchall()
         valid = sum(1 for r in rows if valid_vector(r[1], self.record.dim))
@@ -436,12 +481,12 @@ class KnowledgeBase:
         pruned = self._pruned_through()
         report["notes"] = []
 
-        def check(label: str, load: Callable[[], tuple[int, int, bool]]) -> None:
+        def check(label: str, load: Callable[[], tuple[int, int, bool, dict]]) -> None:
             # An index behind a complete catalogue is not broken: every open catches it up from
             # the change log (a kill between the commit and the index save leaves exactly that).
             key = label.replace(" ", "_")
             try:
-                count, generation, keys_ok = load()
+                count, generation, keys_ok, more = load()
             except LocalKBError as err:
                 if not (self.keyword_path if "keyword" in label else self.vector_path).exists():
                     report[key] = {"error": "missing"}
@@ -450,7 +495,7 @@ class KnowledgeBase:
                 report[key] = {"error": str(err)}
                 report["problems"].append(f"{label}: {err}")
                 return
-            report[key] = {"count": count, "generation": generation}
+            report[key] = {"count": count, "generation": generation, **more}
             if generation != gen:
                 if pruned <= generation < gen:
                     report["notes"].append(f"{label} is behind the catalogue (generation "
@@ -462,19 +507,24 @@ class KnowledgeBase:
                 report["problems"].append(
                     f"{label} holds {count} entries, the catalogue {len(rows)} chunks")
 
-        def vectors() -> tuple[int, int, bool]:
+        def vectors() -> tuple[int, int, bool, dict]:
             vi = VectorIndex.load(self.vector_path, self.record.model, self.record.dim)
-            return len(vi), vi.generation, all(vi.contains(r[0]) for r in rows)
+            return len(vi), vi.generation, all(vi.contains(r[0]) for r in rows), {"log": vi.log_size()}
 
-        def keywords() -> tuple[int, int, bool]:
-            ki = KeywordIndex.load(self.keyword_path)
+        def keywords() -> tuple[int, int, bool, dict]:
+            ki = keyword_engine_mod.load(self.record.keyword_engine, self.keyword_path)
             try:
-                return ki.doc_count(), ki.generation, True
+                return ki.doc_count(), ki.generation, True, {"engine": ki.engine,
+                                                             "segments": ki.segment_count()}
             finally:
                 ki.close()
 
         check("vector index", vectors)
         check("keyword index", keywords)
+        wanted = self.wanted_engine(len(rows))
+        if report["keyword_index"].get("engine", wanted) != wanted:
+            report["problems"].append(f"keyword index is {report['keyword_index']['engine']}, "
+                                      f"the knowledge base asks for {wanted}")
         if repair and report["notes"] and not report["problems"]:
             self.indexes()  # behind: catching up is the repair
             report["repaired"] = True
@@ -486,6 +536,7 @@ class KnowledgeBase:
                 self.keyword_path.with_suffix(".json").unlink(missing_ok=True)
                 self.vector_path.unlink(missing_ok=True)
                 self.vector_path.with_suffix(".json").unlink(missing_ok=True)
+                self.vector_path.with_suffix(".log").unlink(missing_ok=True)
                 with self.catalog.tx() as db:
                     bad = [r[0] for r in rows if not valid_vector(r[1], self.record.dim)]
                     db.executemany("DELETE FROM chunks WHERE kb_id = ? AND vkey = ?",

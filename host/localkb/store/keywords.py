@@ -3,15 +3,17 @@
 What a passage is indexed under (terms and positions) and what a query asks for come
 from ``analysis.py``, which knows no engine; this module only maps those terms onto
 Whoosh: an OR query scored by BM25F with the terms each hit matched, an adjacent-phrase
-query, and "which passages hold this term". Another engine implements the same four
-calls (``search``, ``phrase``, ``doc_frequency``, ``chunks_with``) on the same terms.
+query, and "which passages hold this term". The other engine (tantivy_index.py) indexes
+the same ``analyze`` pairs and implements the same four calls (``search``, ``phrase``,
+``doc_frequency``, ``chunks_with``) on the same terms; ``keyword_engine.py`` chooses.
 """
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -24,8 +26,11 @@ from localkb.errors import IndexUnavailable
 from localkb.store.analysis import analyze
 
 #: What the saved index was analysed with; an index of another schema is rebuilt from the
-#: catalogue on open (2: positions, qualified suffixes, version terms).
-SCHEMA = 2
+#: catalogue on open (2: positions, qualified suffixes, version terms; 3: the
+#: tantivy engine indexes the same analysis, several terms at one position).
+SCHEMA = 3
+#: At most this many terms are scored in one OR query (a bit each records which a hit holds).
+MAX_SEARCH_TERMS = 24
 
 
 @lru_cache(maxsize=1)
@@ -71,6 +76,7 @@ class AnalysisTokenizer(Tokenizer):
 def _schema():
     from whoosh.fields import ID, TEXT, Schema
 
+    # Positions are stored so that a phrase (terms at consecutive positions) can be asked for.
     return Schema(chunk_id=ID(stored=True, unique=True),
                   content=TEXT(analyzer=AnalysisTokenizer(), phrase=True))
 
@@ -86,8 +92,71 @@ class KeywordHit:
         return len(self.terms)
 
 
-class KeywordIndex:
-    """Whoosh index in its own folder plus ``<folder>.json`` with the generation it reflects."""
+def nonempty(upserts: Iterable[tuple[str, str]]) -> Iterator[tuple[str, str]] | None:
+    """``upserts`` as one iterator over all of them, or None when there are none.
+
+    Every engine's ``write`` takes a list or a generator (a big switch streams its
+    passages); a generator can be read only once, so its first item is looked at here
+    and put back in front.
+    """
+    it = iter(upserts)
+    first = next(it, None)
+    return None if first is None else itertools.chain((first,), it)
+
+
+#: Segments of one size tier (a factor of 4 in passages) that are merged into one.
+MERGE_FACTOR = 4
+
+
+def merge_tiers(writer, segments):
+    """Whoosh merge policy: MERGE_FACTOR segments of one size tier are merged, so is one a third deleted.
+
+    Every write adds a segment, and every query walks them all (12 at 300,000 passages
+    under Whoosh's own policy). Merging a tier when it fills keeps at most
+    MERGE_FACTOR - 1 segments per factor of 4 in size and merges each passage about
+    log4(N) times over its life; a one-note write merges only the small segments.
+    """
+    from math import log
+
+    from whoosh.reading import SegmentReader
+
+    def tier(seg) -> int:
+        return int(log(max(seg.doc_count_all(), 1), MERGE_FACTOR))
+
+    tiers: dict[int, list] = {}
+    for seg in segments:
+        tiers.setdefault(tier(seg), []).append(seg)
+    full = [t for t, segs in sorted(tiers.items()) if len(segs) >= MERGE_FACTOR]
+    upto = full[0] if full else -1
+    merge = [seg for seg in segments
+             if tier(seg) <= upto or seg.deleted_count() * 3 > seg.doc_count_all()]
+    if len(merge) < 2 and not any(seg.deleted_count() * 3 > seg.doc_count_all() for seg in merge):
+        return segments
+    for seg in merge:
+        reader = SegmentReader(writer.storage, writer.schema, seg)
+        writer.add_reader(reader)
+        reader.close()
+    return [seg for seg in segments if seg not in merge]
+
+
+def fresh_folder(folder: Path) -> None:
+    """An empty folder for a new index (what was there is derived: it goes)."""
+    if folder.is_dir():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+
+
+def saved_meta(folder: Path, engine: str) -> dict:
+    """``<folder>.json`` of a saved index of ``engine``; ``IndexUnavailable`` when there is none."""
+    meta = read_json(folder.with_suffix(".json"))
+    if meta is None or not folder.exists() or meta.get("engine", "whoosh") != engine:
+        raise IndexUnavailable(f"no {engine} keyword index at {folder.name}")
+    return meta
+
+
+class EngineBase:
+    """What both keyword engines share: an index in its own folder, ``<folder>.json`` beside it
+    with the generation it reflects, and the phrase operation (one term is a term search)."""
 
     def __init__(self, folder: Path, ix) -> None:
         self.folder = folder
@@ -97,86 +166,129 @@ class KeywordIndex:
         self._searcher = None
 
     @classmethod
-    def create(cls, folder: Path) -> KeywordIndex:
-        from whoosh import index as windex
-
+    def create(cls, folder: Path):
+        """A new, empty index in ``folder`` (whatever was there goes)."""
         try:
-            if folder.is_dir():
-                shutil.rmtree(folder)
-            folder.mkdir(parents=True)
-            ki = cls(folder, windex.create_in(str(folder), _schema()))
-        except OSError as err:
+            fresh_folder(folder)
+            ki = cls(folder, cls._new(folder))
+        except (OSError, ValueError) as err:
             raise IndexUnavailable(f"keyword index {folder.name} could not be created: {err}") from err
         ki.generation = 0
         return ki
 
     @classmethod
-    def load(cls, folder: Path) -> KeywordIndex:
-        from whoosh import index as windex
-
-        meta = read_json(folder.with_suffix(".json"))
-        if meta is None or not folder.exists():
-            raise IndexUnavailable(f"no keyword index at {folder.name}")
+    def load(cls, folder: Path):
+        """The saved index in ``folder``; ``IndexUnavailable`` if absent, unreadable or another engine's."""
+        meta = saved_meta(folder, cls.engine)
         if meta.get("schema", 1) != SCHEMA:
             raise IndexUnavailable(f"keyword index {folder.name} was analysed with schema "
                                    f"{meta.get('schema', 1)}, not {SCHEMA}: it is rebuilt on open")
         try:
-            ix = windex.open_dir(str(folder))
+            ki = cls(folder, cls._open(folder))
         except Exception as err:
             raise IndexUnavailable(f"keyword index {folder.name} could not be read: {err}") from err
-        ki = cls(folder, ix)
         ki.generation = int(meta.get("generation", -1))
         return ki
 
+    def _save_meta(self, generation: int) -> None:
+        """Record the generation the index now reflects (after its commit)."""
+        try:
+            write_json(self.meta_path, {"engine": self.engine, "generation": generation,
+                                        "schema": SCHEMA, "count": self.doc_count(), "saved": time.time(),
+                                        "localkb": __version__})
+        except OSError as err:
+            raise IndexUnavailable(f"keyword index {self.folder.name} could not be saved: {err}") from err
+        self.generation = generation
+
+    def phrase(self, terms: tuple[str, ...] | list[str], limit: int = 1000) -> list[str]:
+        """Chunk ids of passages holding ``terms`` at adjacent positions, in order (one term: holding it)."""
+        if not terms or limit <= 0:
+            return []
+        if len(terms) == 1:
+            return self.chunks_with(terms[0], limit)
+        return self._phrase(list(terms), limit)
+
+
+class KeywordIndex(EngineBase):
+    """Whoosh index in its own folder plus ``<folder>.json`` with the generation it reflects."""
+
+    engine = "whoosh"
+
+    def __init__(self, folder: Path, ix) -> None:
+        super().__init__(folder, ix)
+        self._taat = None
+
+    @staticmethod
+    def _new(folder: Path):
+        from whoosh import index as windex
+
+        return windex.create_in(str(folder), _schema())
+
+    @staticmethod
+    def _open(folder: Path):
+        from whoosh import index as windex
+
+        return windex.open_dir(str(folder))
+
     def doc_count(self) -> int:
-        return self.ix.doc_count()
+        """Live passages, from the open searcher (``Index.doc_count`` re-reads the TOC each call)."""
+        return self.searcher().doc_count()
+
+    def segment_count(self) -> int:
+        return len(list(self.searcher().reader().leaf_readers()))
 
     def write(self, upserts: Iterable[tuple[str, str]], deletes: list[str], generation: int) -> None:
         """Apply changes in one Whoosh commit, then record the generation.
 
         ``upserts`` may be a generator (a big switch streams its passages through here).
         """
-        upserts = iter(upserts)
-        first = next(upserts, None)
-        if first is not None or deletes:
+        upserts = nonempty(upserts)
+        if upserts is not None or deletes:
             try:
                 writer = self.ix.writer(limitmb=128)
                 try:
                     for cid in deletes:
                         writer.delete_by_term("chunk_id", cid)
-                    if first is not None:
-                        writer.update_document(chunk_id=first[0], content=first[1])
-                    for cid, content in upserts:
+                    for cid, content in upserts or ():
                         writer.update_document(chunk_id=cid, content=content)
                 except BaseException:
                     writer.cancel()
                     raise
-                writer.commit()
+                writer.commit(mergetype=merge_tiers)
             except Exception as err:
                 raise IndexUnavailable(f"keyword index update failed: {err}") from err
-        try:
-            write_json(self.meta_path, {"generation": generation, "schema": SCHEMA,
-                                        "count": self.doc_count(),
-                                        "saved": time.time(), "localkb": __version__})
-        except OSError as err:
-            raise IndexUnavailable(f"keyword index {self.folder.name} could not be saved: {err}") from err
-        self.generation = generation
+        self._save_meta(generation)
         self._close_searcher()
 
     def _close_searcher(self) -> None:
         if self._searcher is not None:
             self._searcher.close()
-            self._searcher = None
+            self._searcher = self._taat = None
 
     def searcher(self):
+        """The open searcher; a write closes it, and another process's write reloads this index."""
         if self._searcher is None:
+            from localkb.store.whoosh_scoring import TermAtATime
+
             self._searcher = self.ix.searcher(weighting=_weighting())
-        else:
-            self._searcher = self._searcher.refresh()
+            self._taat = TermAtATime(self._searcher)
         return self._searcher
 
     def search(self, terms: list[str], limit: int) -> list[KeywordHit]:
-        """BM25F, any term may match (OR), with the terms each hit holds."""
+        """BM25F, any term may match (OR); scored term at a time (whoosh_scoring.py)."""
+        terms = terms[:MAX_SEARCH_TERMS]
+        if not terms or limit <= 0:
+            return []
+        try:
+            searcher = self.searcher()
+            return [KeywordHit(searcher.stored_fields(doc)["chunk_id"], score,
+                               frozenset(t for i, t in enumerate(terms) if mask >> i & 1))
+                    for doc, score, mask in self._taat.search(terms, limit)]
+        except Exception as err:
+            raise IndexUnavailable(f"keyword search failed: {err}") from err
+
+    def search_matchers(self, terms: list[str], limit: int) -> list[KeywordHit]:
+        """The same OR query through Whoosh's own matchers and collector (the benches compare)."""
         from whoosh.query import Or, Term
 
         if not terms or limit <= 0:
@@ -191,14 +303,10 @@ class KeywordIndex:
         except Exception as err:
             raise IndexUnavailable(f"keyword search failed: {err}") from err
 
-    def phrase(self, terms: tuple[str, ...] | list[str], limit: int = 1000) -> list[str]:
-        """Chunk ids of passages holding ``terms`` at adjacent positions, in order (one term: holding it)."""
-        from whoosh.query import Phrase, Term
+    def _phrase(self, terms: list[str], limit: int) -> list[str]:
+        from whoosh.query import Phrase
 
-        if not terms:
-            return []
-        query = Term("content", terms[0]) if len(terms) == 1 else Phrase("content", list(terms))
-        return self._chunk_ids(query, limit)
+        return self._chunk_ids(Phrase("content", terms), limit)
 
     def chunks_with(self, term: str, limit: int = 20_000) -> list[str]:
         """Chunk ids of (at most ``limit``) passages holding ``term``."""
@@ -207,9 +315,17 @@ class KeywordIndex:
         return self._chunk_ids(Term("content", term), limit)
 
     def doc_frequency(self, term: str) -> int:
-        """How many passages hold ``term`` (0: none)."""
+        """Live passages holding ``term`` (0: none).
+
+        Whoosh's own count includes deleted passages until their segment is merged; with
+        deletions the live ones are counted from the term's postings (whoosh_scoring.py).
+        """
         try:
-            return int(self.searcher().doc_frequency("content", term))
+            s = self.searcher()
+            df = int(s.doc_frequency("content", term))
+            if df and s.reader().has_deletions():
+                df = self._taat.live_frequency(term)
+            return df
         except Exception as err:
             raise IndexUnavailable(f"keyword index lookup failed: {err}") from err
 

@@ -1,0 +1,136 @@
+"""The vector index: a memory-mapped base file plus an append log, folded in on a schedule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from localkb.store import vectors as vmod
+from localkb.store.vectors import VectorIndex
+
+DIM = 16
+
+
+def unit(n: int, seed: int) -> np.ndarray:
+    v = np.random.default_rng(seed).standard_normal((n, DIM)).astype(np.float32)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+@pytest.fixture
+def base(tmp_path: Path) -> VectorIndex:
+    vi = VectorIndex(tmp_path / "v.usearch", "m", DIM)
+    vi.build(np.arange(2000, dtype=np.uint64), unit(2000, 1), generation=1)
+    return VectorIndex.load(tmp_path / "v.usearch", "m", DIM)
+
+
+def test_a_small_write_appends_to_the_log_and_leaves_the_base_file_alone(base: VectorIndex) -> None:
+    before = base.path.stat()
+    base.upsert(np.arange(5000, 5010, dtype=np.uint64), unit(10, 2))
+    base.remove(np.array([3], dtype=np.uint64))
+    base.save(2)
+    after = base.path.stat()
+    assert (after.st_ino, after.st_mtime_ns, after.st_size) == (before.st_ino, before.st_mtime_ns,
+                                                                before.st_size)
+    # The log holds the 11 changes, not the 2,000 vectors (a record is 9 bytes + 4 per dimension).
+    assert base.log_path.stat().st_size < 11 * (9 + 4 * DIM) + 64
+    again = VectorIndex.load(base.path, "m", DIM)
+    assert (len(again), again.generation) == (2009, 2)
+    assert again.contains(5009) and not again.contains(3) and again.contains(4)
+
+
+def test_search_over_base_and_log_equals_a_fresh_index_of_the_same_vectors(base: VectorIndex,
+                                                                          tmp_path: Path) -> None:
+    vecs = dict(zip(range(2000), unit(2000, 1), strict=True))
+    moved = unit(50, 3)
+    base.upsert(np.arange(100, 150, dtype=np.uint64), moved)  # superseded in the base
+    vecs.update(zip(range(100, 150), moved, strict=True))
+    base.remove(np.arange(0, 40, dtype=np.uint64))
+    for k in range(40):
+        del vecs[k]
+    base.save(2)
+    fresh = VectorIndex(tmp_path / "f.usearch", "m", DIM)
+    keys = np.array(sorted(vecs), dtype=np.uint64)
+    fresh.build(keys, np.stack([vecs[int(k)] for k in keys]), 2)
+    logged = VectorIndex.load(base.path, "m", DIM)
+    for q in unit(20, 4):
+        a = logged.search(q, 10, exact_below=10**6)
+        b = fresh.search(q, 10, exact_below=10**6)
+        assert a.keys.tolist() == b.keys.tolist()
+        assert np.allclose(a.similarities, b.similarities, atol=1e-6)
+
+
+def test_the_log_is_folded_into_a_new_base_when_it_outgrows_its_threshold(base: VectorIndex) -> None:
+    limit = vmod.fold_threshold(base.base_count)
+    gen = 1
+    for start in range(0, limit, 256):
+        gen += 1
+        base.upsert(np.arange(10_000 + start, 10_256 + start, dtype=np.uint64), unit(256, gen))
+        base.save(gen)
+    assert base.log_size()["records"] == limit  # exactly at the threshold: not folded yet
+    gen += 1
+    base.upsert(np.array([99_999], dtype=np.uint64), unit(1, 99))
+    base.save(gen)
+    assert base.log_size()["records"] == 0 and base.log_path.stat().st_size == 0
+    again = VectorIndex.load(base.path, "m", DIM)
+    assert again.base_count == len(again) == 2000 + limit + 1
+    assert again.generation == again.base_generation == gen
+
+
+def test_a_torn_log_tail_is_ignored_and_cut_off_by_the_next_write(base: VectorIndex) -> None:
+    base.upsert(np.array([7000], dtype=np.uint64), unit(1, 5))
+    base.save(2)
+    whole = base.log_path.stat().st_size
+    with open(base.log_path, "ab") as fh:  # a crash in the middle of the next append
+        fh.write(b"LKV1" + b"\x03" * 30)
+    torn = VectorIndex.load(base.path, "m", DIM)
+    assert (len(torn), torn.generation) == (2001, 2)
+    torn.upsert(np.array([7001], dtype=np.uint64), unit(1, 6))
+    torn.save(3)
+    again = VectorIndex.load(base.path, "m", DIM)
+    assert (len(again), again.generation) == (2002, 3)
+    assert again.log_path.stat().st_size == 2 * whole
+
+
+def test_a_write_past_the_fold_line_holds_its_vectors_once(tmp_path: Path) -> None:
+    """A big switch catches up in slices (store/kb.py ``_apply``): past the fold line the write
+    is folded into the base, so its vectors must not also wait, all of them, as log records."""
+    import tracemalloc
+
+    dim, n, step = 128, 12_000, 2048
+    vi = VectorIndex(tmp_path / "big.usearch", "m", dim)
+    rng = np.random.default_rng(7)
+    first = None
+    tracemalloc.start()
+    try:
+        for start in range(0, n, step):
+            vecs = rng.standard_normal((min(step, n - start), dim)).astype(np.float32)
+            vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+            if first is None:
+                first = vecs[0].copy()
+            vi.upsert(np.arange(start, start + len(vecs), dtype=np.uint64), vecs)
+            del vecs
+        held, _peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # The slices' arrays (12,000 x 128 float32 = 6.1 MB) are in the HNSW graph, not kept twice.
+    assert held < 2_000_000, f"{held:,} bytes still held for log records"
+    vi.save(1)
+    again = VectorIndex.load(vi.path, "m", dim)
+    assert (len(again), again.base_count, again.log_size()["records"]) == (n, n, 0)
+    assert again.search(first, 1, exact_below=10**6).keys.tolist() == [0]
+
+
+def test_a_big_write_over_a_base_folds_removes_and_upserts_whole(base: VectorIndex) -> None:
+    base.remove(np.arange(0, 100, dtype=np.uint64))
+    for start in range(0, 3000, 512):
+        base.upsert(np.arange(20_000 + start, 20_000 + min(start + 512, 3000), dtype=np.uint64),
+                    unit(min(512, 3000 - start), start))
+    base.upsert(np.arange(100, 110, dtype=np.uint64), unit(10, 77))  # superseded in the base
+    base.save(2)
+    again = VectorIndex.load(base.path, "m", DIM)
+    assert (len(again), again.generation, again.log_size()["records"]) == (2000 - 100 + 3000, 2, 0)
+    assert not again.contains(5) and again.contains(105) and again.contains(22_999)
+    hit = again.search(unit(10, 77)[3], 1, exact_below=10**6)
+    assert hit.keys.tolist() == [103] and hit.similarities[0] > 0.999
