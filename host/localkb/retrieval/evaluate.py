@@ -152,11 +152,12 @@ def run_eval(path: str | Path, *, modes: Sequence[str] = ("vector", "keyword", "
              model: str | None = None, k: int = 10, rerank_model: str | None = None,
              limit_queries: int | None = None, settings: Settings | None = None,
              baseline: str | None = None, split: str = "test", index_dir: Path | None = None,
-             progress=None) -> dict:
+             progress=None, per_query: bool = False) -> dict:
     """Index the corpus into a temporary store and score every mode; returns a dict of figures.
 
     ``index_dir`` keeps the store there instead: a later run on the same folder scores the
-    index already built (a bench on a large corpus pays for indexing once).
+    index already built (a bench on a large corpus pays for indexing once). ``per_query``
+    adds each mode's nDCG@10 per query, in query order (for paired comparisons across runs).
     """
     if baseline is not None and baseline not in BASELINES:
         raise InvalidInput(f"baseline must be one of {', '.join(BASELINES)}")
@@ -236,6 +237,8 @@ def run_eval(path: str | Path, *, modes: Sequence[str] = ("vector", "keyword", "
                     results["modes"][name]["absent_reported"] = len(wrong)
                     results["modes"][name]["absent_wrong"] = wrong
             results["compare"] = compare(ndcgs)
+            if per_query:
+                results["per_query_ndcg"] = ndcgs
             if "bm25" in ndcgs:
                 results["compare"].update(compare_baseline(ndcgs))
             return results
