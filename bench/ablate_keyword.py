@@ -14,9 +14,11 @@ variant, and the paired difference against the rules as they are.
 The rules (``store/analysis.py`` and ``retrieval/search.py``):
 
 - ``caps``: ALL-CAPS words of four letters or more are exact terms (``PYTHONHASHSEED``).
+- ``camel``: camelCase words are exact terms (``mRNA``, ``getElementById``).
 - ``dotted``: a bare dotted number (``2.3``) is the version ``v2.3``, in text and queries.
 - ``stopparts``: the parts of a code-like token keep stopwords (``up-regulated`` -> ``up``).
 - ``parts``: code-like tokens are indexed under their qualified suffixes and parts too.
+- ``backoff``: an exact term no passage holds whole is looked for through its back-off forms.
 - ``exactlist``: exact terms get a ranked list of their own in the fusion.
 - ``fetch``: per-source searches fetch deeper until k pages are in.
 
@@ -40,7 +42,7 @@ sys.path.insert(0, str(REPO / "host"))
 from localkb.retrieval import evaluate, search  # noqa: E402
 from localkb.store import analysis  # noqa: E402
 
-RULES = ("caps", "dotted", "stopparts", "parts", "exactlist", "fetch")
+RULES = ("caps", "camel", "dotted", "stopparts", "parts", "backoff", "exactlist", "fetch")
 #: Rules whose switch changes what a passage is indexed under: the keyword index is rebuilt.
 INDEXING = {"dotted", "stopparts", "parts"}
 
@@ -61,14 +63,16 @@ def switched_off(rule: str | None):
         saved.append((obj, name, getattr(obj, name)))
         setattr(obj, name, value)
 
-    if rule == "caps":
+    if rule in ("caps", "camel"):
         orig = analysis.is_exact_token
 
-        def no_caps(token: str, *, shouting: bool = False) -> bool:
-            if token.isalpha() and not analysis._CAMEL.search(token):
+        def without(token: str, *, shouting: bool = False) -> bool:
+            if token.isalpha() and (rule == "camel") == bool(analysis._CAMEL.search(token)):
                 return False
             return orig(token, shouting=shouting)
-        patch(analysis, "is_exact_token", no_caps)
+        patch(analysis, "is_exact_token", without)
+    elif rule == "backoff":
+        patch(analysis, "backoff", lambda token: ())
     elif rule == "dotted":
         patch(analysis, "_VERSION", re.compile(r"^[vV](\d+(?:\.\d+)+)$"))
     elif rule == "stopparts":
@@ -132,6 +136,7 @@ def run_set(path: Path, *, rules: list[str], modes: list[str], model: str | None
                 res["modes"][m]["vs_rules"] = (sum(diffs) / len(diffs), evaluate.bootstrap_ci(diffs))
         rows.append((rule or "as is", res))
         print(f"  {path.name}: {rule or 'as is'} done in {res['seconds']} s", file=sys.stderr, flush=True)
+        print(table(path, rows[-1:] if rule else rows, modes).split("\n", 2)[-1], file=sys.stderr, flush=True)
     # The index as the rules build it, for the next run.
     if rules and rules[-1] in INDEXING:
         _drop_keyword_index(index_dir)
@@ -143,8 +148,9 @@ def table(path: Path, rows: list[tuple[str, dict]], modes: list[str]) -> str:
     out = [f"{path} ({first['split']} split): {first['documents']} documents, "
            f"{first['passages']} passages, {first['queries']} queries; model {first['model']}",
            f"{'variant':22} {'mode':8} {'nDCG@10':>8} {'R@1':>6}  {'vs as is (paired 95% CI)':>28}"]
-    bm = first["modes"]["bm25"]["overall"]
-    out.append(f"{'bm25 (whole pages)':22} {'':8} {bm['ndcg@10']:8.3f} {bm['recall@1']:6.3f}")
+    if "bm25" in first["modes"]:
+        bm = first["modes"]["bm25"]["overall"]
+        out.append(f"{'bm25 (whole pages)':22} {'':8} {bm['ndcg@10']:8.3f} {bm['recall@1']:6.3f}")
     for name, res in rows:
         label = name if name == "as is" else f"no {name}"
         for m in modes:

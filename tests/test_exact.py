@@ -305,3 +305,19 @@ def test_defining_spans_are_titles_headings_terms_first_cells_and_signatures():
     assert defining_spans("9.16. JSON Functions", body) == [
         "9.16. JSON Functions", "jsonb_set", "`allow_in_place_tablespaces` (`boolean`)",
         "## The jsonb_path_query family", "pg_dump", "Task.done()"]
+
+
+def test_a_lower_case_prefix_on_an_acronym_is_a_word_not_a_code_name(store, kb):
+    """Before: ``siRNA`` (like ``mRNA``, ``iPSC``, ``mTOR``) counted as camelCase, so a page
+    writing "small interfering RNA" was reported as not mentioning it."""
+    from localkb.store.analysis import is_exact_token
+
+    assert is_exact_token("getElementById") and is_exact_token("readFileSync")
+    assert is_exact_token("AlphaBeta") and is_exact_token("iPhone") and is_exact_token("PQbackendPID")
+    for word in ("mRNA", "siRNA", "miRNAs", "iPSC", "mTOR", "pH", "IgG", "DNAse"):
+        assert not is_exact_token(word), word
+    add(kb, "rnai", "RNA interference",
+        "Small interfering RNA duplexes silence the genes whose messenger RNA they match.")
+    res = search(store, "does siRNA silence genes")
+    st = res.statuses[0]
+    assert st.exact_terms == [] and st.missing_terms == [] and st.status == "passages", st

@@ -162,9 +162,6 @@ class TermMatch:
         return terms is not None and self.term.term in terms
 
 
-DEFINING = "share"
-
-
 def defined_terms(present: Sequence[TermMatch], title: str | None, text: str) -> int:
     """How many of the exact terms a passage defines (``ingest.chunk.defining_spans``).
 
@@ -607,7 +604,7 @@ class Searcher:
         rows = kb.catalog.hits_by_vkey(kb.id, list(holds))
         defined = {key: n for key, row in rows.items()
                    if (n := defined_terms(present, row["title"], row["text"]))}
-        if defined and DEFINING != "off":
+        if defined:
             got.lists["defines"] = sorted(defined, key=lambda key: (defined[key], *rank(key)),
                                           reverse=True)[:want]
             # The list speaks for the names only: it counts in proportion to their share of
