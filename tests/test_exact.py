@@ -301,7 +301,9 @@ def test_defining_spans_are_titles_headings_terms_first_cells_and_signatures():
             "`allow_in_place_tablespaces` (`boolean`)\n:\nAllows tablespaces inside pg_tblspc.\n"
             "## The jsonb_path_query family\n"
             "pg_dump — extract a PostgreSQL database\n"
-            "Task.done()\n: Return True if the Task is done.")
+            "Task.done()\n: Return True if the Task is done.\n"
+            "```\n# allowed if there is an entry in pg_ident.conf\nlocal all all peer\n```\n"
+            "# a comment block cut from its fence\n# names pg_ident.conf too")
     assert defining_spans("9.16. JSON Functions", body) == [
         "9.16. JSON Functions", "jsonb_set", "`allow_in_place_tablespaces` (`boolean`)",
         "## The jsonb_path_query family", "pg_dump", "Task.done()"]

@@ -61,16 +61,25 @@ def defining_spans(title: str | None, body: str) -> list[str]:
     description line, as HTML ``dt``/``dd`` and Sphinx signatures are written), and the
     name a line opens with when that line is a table row (its first cell names the row) or
     a signature (``jsonb_set ( ... )``, ``Task.done()``) or a ``name — purpose`` line
-    (manual pages). Documentation of any kind names what it defines in one of these places.
+    (manual pages). Documentation of any kind names what it defines in one of these places;
+    fenced code never defines (its ``# comments`` would read as headings).
     """
     spans = [title] if title else []
     lines = body.split("\n")
+    in_code = False
     for i, line in enumerate(lines):
         text = line.strip()
-        if not text or text.startswith(":"):
+        if text.startswith("```"):
+            in_code = not in_code
             continue
+        if in_code or not text or text.startswith(":"):
+            continue  # code (a ``# comment`` in an example is no heading) and descriptions
         nxt = lines[i + 1].strip() if i + 1 < len(lines) else ""
-        if _HEADING.match(text) or nxt == ":" or nxt.startswith(DEFINITION):
+        prev = lines[i - 1].strip() if i else ""
+        # A run of ``#`` lines is a comment block of an example (cut from its fence by the
+        # chunker), not headings: a heading stands between blank lines or prose.
+        heading = _HEADING.match(text) and not (prev.startswith("#") or nxt.startswith("#"))
+        if heading or nxt == ":" or nxt.startswith(DEFINITION):
             spans.append(text)
             continue
         rest = text[_LEAD_MARKUP.match(text).end():]
