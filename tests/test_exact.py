@@ -279,3 +279,69 @@ def test_every_absent_query_really_is_absent():
     # It errs towards "present": a longer name holding the parts counts too, a longer word not.
     assert build.absent_pattern("jsonb_set").search("jsonb_set_lax only") is not None
     assert build.absent_pattern("jsonb_set").search("jsonb_setting") is None
+
+
+def _guc_page(name, description):
+    return ('<html><head><title>20.5. Write Ahead Log</title></head><body><h1>20.5. Write Ahead Log'
+            '</h1><div class="variablelist"><dl class="variablelist"><dt><span class="term"><code '
+            f'class="varname">{name}</code> (<code class="type">integer</code>)</span></dt><dd><p>'
+            f'{description}</p></dd></dl></div></body></html>')
+
+
+def test_the_page_that_defines_a_name_comes_before_pages_that_only_use_it(store, kb):
+    """Before: the release notes and a tuning page that say ``max_wal_size`` again and again
+    came first; the page whose definition term is ``max_wal_size`` came second (hybrid)."""
+    add_document(kb, extract_html(_guc_page(
+        "max_wal_size", "Maximum size to let the WAL grow during automatic checkpoints. This is "
+        "a soft limit; WAL size can exceed it under special circumstances.")), key="page:wal")
+    add(kb, "tuning", "WAL configuration",
+        "Checkpoints are triggered every checkpoint_timeout seconds or when max_wal_size is about "
+        "to be exceeded. Raising max_wal_size makes checkpoints rarer: with max_wal_size at 4GB a "
+        "busy server checkpoints less often, and max_wal_size bounds the WAL kept for recovery.")
+    add(kb, "release", "Release 15",
+        "Allow max_wal_size to be raised at runtime. Report max_wal_size in pg_settings. The "
+        "default max_wal_size is unchanged. Fix max_wal_size checks during recovery.")
+    for mode in ("hybrid", "keyword"):
+        res = search(store, "max_wal_size", mode=mode, per_source=1, k=3)
+        titles = [h.title for h in res.hits]
+        assert titles[:1] == ["20.5. Write Ahead Log"], (mode, titles)
+    # The definitions' list speaks for the name only: in a question naming it among three other
+    # words it counts a quarter (a query that is the name: in full).
+    res = search(store, "why are checkpoints rarer when max_wal_size is raised", per_source=1, k=3)
+    assert res.trace["kbs"][kb.id]["weights"]["defines"] == 0.25
+    assert search(store, "max_wal_size").trace["kbs"][kb.id]["weights"]["defines"] == 1.0
+    # A page holding the name nowhere in a definition is no definition of it.
+    res = search(store, "checkpoint_timeout", per_source=1, k=3)
+    assert "defines" not in res.trace["kbs"][kb.id]["weights"]
+
+
+def test_defining_spans_are_titles_headings_terms_first_cells_and_signatures():
+    from localkb.ingest.chunk import defining_spans
+
+    body = ("| `jsonb_set` ( `target` `jsonb`, `path` `text[]` ) → `jsonb` Returns it like jsonb_insert\n"
+            "Use jsonb_set(x) for updates; see also `to_json` (below).\n"
+            "`allow_in_place_tablespaces` (`boolean`)\n:\nAllows tablespaces inside pg_tblspc.\n"
+            "## The jsonb_path_query family\n"
+            "pg_dump — extract a PostgreSQL database\n"
+            "Task.done()\n: Return True if the Task is done.\n"
+            "```\n# allowed if there is an entry in pg_ident.conf\nlocal all all peer\n```\n"
+            "# a comment block cut from its fence\n# names pg_ident.conf too")
+    assert defining_spans("9.16. JSON Functions", body) == [
+        "9.16. JSON Functions", "jsonb_set", "`allow_in_place_tablespaces` (`boolean`)",
+        "## The jsonb_path_query family", "pg_dump", "Task.done()"]
+
+
+def test_a_lower_case_prefix_on_an_acronym_is_a_word_not_a_code_name(store, kb):
+    """Before: ``siRNA`` (like ``mRNA``, ``iPSC``, ``mTOR``) counted as camelCase, so a page
+    writing "small interfering RNA" was reported as not mentioning it."""
+    from localkb.store.analysis import is_exact_token
+
+    assert is_exact_token("getElementById") and is_exact_token("readFileSync")
+    assert is_exact_token("AlphaBeta") and is_exact_token("iPhone") and is_exact_token("PQbackendPID")
+    for word in ("mRNA", "siRNA", "miRNAs", "iPSC", "mTOR", "pH", "IgG", "DNAse"):
+        assert not is_exact_token(word), word
+    add(kb, "rnai", "RNA interference",
+        "Small interfering RNA duplexes silence the genes whose messenger RNA they match.")
+    res = search(store, "does siRNA silence genes")
+    st = res.statuses[0]
+    assert st.exact_terms == [] and st.missing_terms == [] and st.status == "passages", st

@@ -47,6 +47,48 @@ def passage_text(title: str | None, body: str) -> str:
     return f"{prefix}\n{body}" if prefix else body
 
 
+#: Markup before a line's first word: table bars, list marks, emphasis and code quotes.
+_LEAD_MARKUP = re.compile(r"^[\s|>*_`~+-]*")
+#: What follows a name that a line introduces: a call signature or a "name — purpose" line.
+_INTRODUCED = re.compile(r"^[`*_\s]*(?:\(|—)")
+_FIRST_WORD = re.compile(r"\w+(?:[-./:]\w+)*")
+
+
+def defining_spans(title: str | None, body: str) -> list[str]:
+    """The parts of a passage that introduce a name rather than mention it.
+
+    The page title, headings (``# ...``), definition terms (a line followed by a ``:``
+    description line, as HTML ``dt``/``dd`` and Sphinx signatures are written), and the
+    name a line opens with when that line is a table row (its first cell names the row) or
+    a signature (``jsonb_set ( ... )``, ``Task.done()``) or a ``name — purpose`` line
+    (manual pages). Documentation of any kind names what it defines in one of these places;
+    fenced code never defines (its ``# comments`` would read as headings).
+    """
+    spans = [title] if title else []
+    lines = body.split("\n")
+    in_code = False
+    for i, line in enumerate(lines):
+        text = line.strip()
+        if text.startswith("```"):
+            in_code = not in_code
+            continue
+        if in_code or not text or text.startswith(":"):
+            continue  # code (a ``# comment`` in an example is no heading) and descriptions
+        nxt = lines[i + 1].strip() if i + 1 < len(lines) else ""
+        prev = lines[i - 1].strip() if i else ""
+        # A run of ``#`` lines is a comment block of an example (cut from its fence by the
+        # chunker), not headings: a heading stands between blank lines or prose.
+        heading = _HEADING.match(text) and not (prev.startswith("#") or nxt.startswith("#"))
+        if heading or nxt == ":" or nxt.startswith(DEFINITION):
+            spans.append(text)
+            continue
+        rest = text[_LEAD_MARKUP.match(text).end():]
+        word = _FIRST_WORD.match(rest)
+        if word and (text.startswith("|") or _INTRODUCED.match(rest[word.end():])):
+            spans.append(word.group(0))
+    return spans
+
+
 @dataclass
 class _Piece:
     text: str

@@ -152,11 +152,13 @@ def run_eval(path: str | Path, *, modes: Sequence[str] = ("vector", "keyword", "
              model: str | None = None, k: int = 10, rerank_model: str | None = None,
              limit_queries: int | None = None, settings: Settings | None = None,
              keyword_engine: str | Sequence[str] | None = None, baseline: str | None = None,
-             split: str = "test", index_dir: Path | None = None, progress=None) -> dict:
+             split: str = "test", index_dir: Path | None = None, progress=None,
+             per_query: bool = False) -> dict:
     """Index the corpus into a temporary store and score every mode; returns a dict of figures.
 
     ``index_dir`` keeps the store there instead: a later run on the same folder scores the
-    index already built (a bench on a large corpus pays for indexing once).
+    index already built (a bench on a large corpus pays for indexing once). ``per_query``
+    adds each mode's nDCG@10 per query, in query order (for paired comparisons across runs).
 
     Several keyword engines (``keyword_engine=["whoosh", "tantivy"]``) are scored on the
     same passages and vectors: after the first, the knowledge base is switched (its keyword
@@ -212,10 +214,10 @@ def run_eval(path: str | Path, *, modes: Sequence[str] = ("vector", "keyword", "
             ndcgs: dict[str, list[float]] = {}
             if baseline == "bm25":
                 ranked_by = bm25_pages(pages)
-                per_query = {qid: metrics(ranked_by(q["text"])[:k], qrels[qid])
-                             for qid, q in queries.items()}
-                ndcgs["bm25"] = [m["ndcg@10"] for m in per_query.values()]
-                results["modes"]["bm25"] = _summary(per_query, queries, ndcgs["bm25"], [])
+                scored = {qid: metrics(ranked_by(q["text"])[:k], qrels[qid])
+                          for qid, q in queries.items()}
+                ndcgs["bm25"] = [m["ndcg@10"] for m in scored.values()]
+                results["modes"]["bm25"] = _summary(scored, queries, ndcgs["bm25"], [])
                 results["modes"]["bm25"]["absent_reported"] = sum(
                     bool(ranked_by(q["text"])) for q in absent.values())
             passes = [(m, r, m + ("+rerank" if r else "")) for m, r in run_modes]
@@ -227,7 +229,7 @@ def run_eval(path: str | Path, *, modes: Sequence[str] = ("vector", "keyword", "
                 if name is None:
                     store.update_kb(kb.id, keyword_engine=mode)
                     continue
-                per_query, latencies = {}, []
+                scored, latencies = {}, []
                 for qid, q in queries.items():
                     t1 = time.perf_counter()
                     # The metrics rank documents, so the search is asked for documents: the
@@ -241,9 +243,9 @@ def run_eval(path: str | Path, *, modes: Sequence[str] = ("vector", "keyword", "
                         doc = sid_to_doc.get(h.source_id)
                         if doc and doc not in ranked:
                             ranked.append(doc)
-                    per_query[qid] = metrics(ranked, qrels[qid])
-                ndcgs[name] = [m["ndcg@10"] for m in per_query.values()]
-                results["modes"][name] = _summary(per_query, queries, ndcgs[name], latencies)
+                    scored[qid] = metrics(ranked, qrels[qid])
+                ndcgs[name] = [m["ndcg@10"] for m in scored.values()]
+                results["modes"][name] = _summary(scored, queries, ndcgs[name], latencies)
                 if absent:
                     # The product's own search, floor on: does it say "no passage mentions"?
                     wrong = []
@@ -254,6 +256,8 @@ def run_eval(path: str | Path, *, modes: Sequence[str] = ("vector", "keyword", "
                     results["modes"][name]["absent_reported"] = len(wrong)
                     results["modes"][name]["absent_wrong"] = wrong
             results["compare"] = compare(ndcgs)
+            if per_query:
+                results["per_query_ndcg"] = ndcgs
             if "bm25" in ndcgs:
                 results["compare"].update(compare_baseline(ndcgs))
             return results

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from localkb.errors import EmbeddingUnavailable, InvalidInput, LocalKBError
-from localkb.ingest.chunk import passage_text
+from localkb.ingest.chunk import defining_spans, passage_text
 from localkb.retrieval.hybrid import rrf
 from localkb.store.analysis import ExactTerm, QueryPlan, analyze, plan_query
 from localkb.store.catalog import blob_vector, vector_key
@@ -160,6 +160,30 @@ class TermMatch:
         if self.how != "whole":
             return self.how == "unchecked"
         return terms is not None and self.term.term in terms
+
+
+def defined_terms(present: Sequence[TermMatch], title: str | None, text: str) -> int:
+    """How many of the exact terms a passage defines (``ingest.chunk.defining_spans``).
+
+    A term counts in its whole form, or, when it was found through its back-off, in any of
+    its back-off forms (``Task.done()`` under ``class asyncio.Task`` defines
+    ``asyncio.Task.done``).
+    """
+    spans = [analyze(span) for span in defining_spans(title, text)]
+    n = 0
+    for m in present:
+        forms = [(m.term.term,)] + ([a.phrase for a in m.term.backoff] if m.how == "backoff" else [])
+        if any(_holds_phrase(pairs, form) for pairs in spans for form in forms):
+            n += 1
+    return n
+
+
+def _holds_phrase(pairs: list[tuple[str, int]], phrase: tuple[str, ...]) -> bool:
+    at: dict[str, set[int]] = {}
+    for term, pos in pairs:
+        at.setdefault(term, set()).add(pos)
+    return any(all(p + i in at.get(t, ()) for i, t in enumerate(phrase[1:], start=1))
+               for p in at.get(phrase[0], ()))
 
 
 def find_exact_terms(kb: KnowledgeBase, ki: KeywordIndex, plan: QueryPlan) -> list[TermMatch]:
@@ -533,19 +557,9 @@ class Searcher:
             got.weights["keyword"] = keyword_weight(khits, len(terms), common)
             got.bm25.update((vector_key(h.chunk_id), (h.bm25, h.matched)) for h in khits)
             got.terms.update((vector_key(h.chunk_id), h.terms) for h in khits)
-            codes = {m.term.term for m in found if m.how in ("whole", "backoff")}
-            if codes:
-                # Exact terms get a list of their own: passages holding them (whole or through
-                # their back-off), most of them first. A sentence model sees ERR_4521 and
-                # ERR_4512 as near-twins; this list does not.
-                held = {vector_key(h.chunk_id): (len(h.terms & codes), h.bm25) for h in khits
-                        if h.terms & codes}
-                for m in found:
-                    for cid in m.chunks:
-                        key = vector_key(cid)
-                        if key not in held:
-                            held[key] = (1, 0.0)
-                got.lists["exact"] = sorted(held, key=held.get, reverse=True)[:want]
+            present = [m for m in found if m.how in ("whole", "backoff")]
+            if present:
+                self._exact_lists(kb, ki, got, khits, present, want=want, n_terms=len(terms))
         if mode == "keyword":
             # The floor is on cosine for every hit, so keyword mode still embeds the query
             # (best effort): without it, only real keyword matches count as relevant.
@@ -554,6 +568,48 @@ class Searcher:
             except LocalKBError:
                 got.qvec = None
         return got
+
+    def _exact_lists(self, kb: KnowledgeBase, ki: KeywordIndex, got: Candidates,
+                     khits: Sequence[KeywordHit], present: list[TermMatch], *, want: int,
+                     n_terms: int) -> None:
+        """The lists of the query's exact terms: passages holding them, and those defining them.
+
+        ``exact``: passages holding the terms (whole or through their back-off), most of them
+        first, then by BM25. A sentence model sees ERR_4521 and
+        ERR_4512 as near-twins; this list does not. ``defines``: the passages among them that
+        introduce a term — in the page title, a heading, a definition term, a table row's
+        first cell or a signature (``ingest.chunk.defining_spans``) — rather than only
+        mention it: on a page that defines a name and ten that use it, the one that defines
+        it is what a question naming it asks for. A term held by at most ``MAX_FETCH``
+        passages has all of them considered, not only those the keyword list fetched.
+        """
+        codes = {m.term.term for m in present}
+        bm25 = {vector_key(h.chunk_id): h.bm25 for h in khits}
+        holds: dict[int, set[str]] = {vector_key(h.chunk_id): set(h.terms & codes) for h in khits
+                                      if h.terms & codes}
+        for m in present:
+            for cid in m.chunks:
+                holds.setdefault(vector_key(cid), set()).add(m.term.term)
+
+        def rank(key: int) -> tuple:
+            return (len(holds[key]), bm25.get(key, 0.0))
+
+        got.lists["exact"] = sorted(holds, key=rank, reverse=True)[:want]
+        # Where a name is defined is looked for among every passage holding it (a definition
+        # is short and says the name once: BM25 can rank it below the pages that repeat it).
+        for m in present:
+            if m.how == "whole" and ki.doc_frequency(m.term.term) <= MAX_FETCH:
+                for cid in ki.chunks_with(m.term.term, limit=MAX_FETCH):
+                    holds.setdefault(vector_key(cid), set()).add(m.term.term)
+        rows = kb.catalog.hits_by_vkey(kb.id, list(holds))
+        defined = {key: n for key, row in rows.items()
+                   if (n := defined_terms(present, row["title"], row["text"]))}
+        if defined:
+            got.lists["defines"] = sorted(defined, key=lambda key: (defined[key], *rank(key)),
+                                          reverse=True)[:want]
+            # The list speaks for the names only: it counts in proportion to their share of
+            # the query's terms (1 for a query that is a name, 1/4 for a question naming one).
+            got.weights["defines"] = min(1.0, len(present) / max(1, n_terms))
 
     def _hits(self, kb: KnowledgeBase, name: str, got: Candidates, plan: QueryPlan,
               found: list[TermMatch], *, cutoff: float, floor: bool, missing: list[str]) -> list[Hit]:

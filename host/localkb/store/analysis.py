@@ -41,7 +41,11 @@ _JOINERS = re.compile(r"[-_./:'’]")
 #: Qualifier separators: what splits ``asyncio.Task.done`` into ``asyncio``, ``Task``, ``done``.
 _QUALIFIERS = re.compile(r"[./:]")
 _VERSION = re.compile(r"^[vV]?(\d+(?:\.\d+)+)$")
-_CAMEL = re.compile(r"[a-z][A-Z]")
+#: camelCase, a name made of words: a capital that starts a lower-case word after a lower-case
+#: letter (``getElementById``, ``AlphaBeta``), or a capital prefix, a lower-case word and
+#: another capital (``PQbackendPID``). A lower-case prefix on an acronym (``mRNA``, ``siRNA``,
+#: ``iPSC``, ``mTOR``) or an acronym's plural (``RNAs``) is a word of a field's vocabulary.
+_CAMEL = re.compile(r"[a-z][A-Z][a-z]|^[A-Z]{2,}[a-z]+[A-Z]")
 #: Qualified names with more components than this are paths or URLs: suffixes stop here.
 MAX_COMPONENTS = 6
 
@@ -93,9 +97,12 @@ def is_exact_token(token: str, *, shouting: bool = False) -> bool:
     """Whether a query token, as typed, names something that must be matched exactly.
 
     Identifiers (letters with digits, or an underscore), versions, qualified names, and
-    words whose case marks them as names: ``camelCase`` and ALL-CAPS of four letters or
-    more (``PYTHONHASHSEED``), the latter unless the whole query is in capitals
-    (``shouting``). Hyphenated words and bare numbers are not: ``e-mail``, ``8008``.
+    words whose case marks them as names: ``camelCase`` (words joined by capitals that start
+    each new word: ``getElementById``; not ``mRNA``, ``siRNA`` or ``mTOR``, where a
+    lower-case letter prefixes an acronym — words of a field's vocabulary, written that way
+    in prose) and ALL-CAPS of four letters or more (``PYTHONHASHSEED``), the latter unless
+    the whole query is in capitals (``shouting``). Hyphenated words and bare numbers are
+    not: ``e-mail``, ``8008``.
     """
     if version_term(token):
         return True
