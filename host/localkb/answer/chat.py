@@ -40,8 +40,8 @@ from localkb.answer.llm import DEFAULT_TIMEOUTS, Endpoint, Timeouts, ToolCall, s
 from localkb.answer.privacy import GateResult, allowed_knowledge_bases, endpoint_location
 from localkb.errors import Cancelled, InvalidInput, LLMUnavailable, LocalKBError
 from localkb.retrieval.search import Hit, KBStatus, Reranker, Searcher, names_phrase, summary_line
-from localkb.store.catalog import Catalog, KBRecord
-from localkb.store.kb import Store
+from localkb.store.base import KnowledgeStore as Store
+from localkb.store.catalog import KBRecord
 from localkb.store.keywords import TOKEN_PATTERN, stopwords
 
 #: What the model is told to say, and what the extractive path says, when the passages fall short.
@@ -301,7 +301,7 @@ def gated_history(store: Store | None, endpoint: Endpoint | None,
         if turn.role == "assistant":
             refs: list[Any] = []
             for kb_id in turn.kbs or ():
-                rec = store.catalog.kb(kb_id) if store is not None else None
+                rec = store.record(kb_id) if store is not None else None
                 refs.append(rec or _Unknown(id=kb_id))
             if turn.kbs is None:
                 refs.append(_Unknown())
@@ -326,14 +326,17 @@ def _join_overlapping(a: str, b: str, max_words: int = 64) -> str:
     return f"{a}\n{b}"
 
 
-def passage_context(catalog: Catalog, hit: Hit, radius: int = CONTEXT_RADIUS) -> str:
+def passage_context(store: Store, hit: Hit, radius: int = CONTEXT_RADIUS) -> str:
     """The passage with its neighbours on the same page, for the model (small passages, wider context).
 
     Passages are short because the embedder matches short passages best; the model
     answers better with the sentences around them. Citations still point at the passage.
     """
     merged = ""
-    rows = catalog.passage_window(hit.source_id, hit.chunk_index, radius)
+    try:
+        rows = store.passage_window(hit.kb, hit.source_id, hit.chunk_index, radius)
+    except LocalKBError:
+        return hit.text  # a team server gone since the search: send what was found
     if not any(r["idx"] == hit.chunk_index for r in rows):
         return hit.text  # removed since the search: send what was found
     for row in rows:
@@ -773,7 +776,7 @@ def run_turn(
 
     # -- cache -----------------------------------------------------------------------------
     parts = (
-        tuple(sorted((r.id, store.catalog.generation(r.id)) for r in allowed)),
+        tuple(sorted((r.id, store.generation(r.id)) for r in allowed)),
         tuple(sorted(i for i, _, _ in skipped)),
         location,
         None if endpoint is None else (endpoint.name, endpoint.base_url, endpoint.model,
@@ -867,7 +870,7 @@ def run_turn(
     # save something: that needs the model whatever the search found.
     if endpoint is not None and (passages or (tools_offered and targets)):
         messages = build_messages(
-            message, passages, contexts=[passage_context(store.catalog, h) for h in passages],
+            message, passages, contexts=[passage_context(store, h) for h in passages],
             unavailable=[s.kb_name for s in unavailable],
             history=gated_history(store, endpoint, list(history)[-HISTORY_TURNS:]),
             rewritten=query, tools_offered=tools_offered and bool(targets),
@@ -892,7 +895,7 @@ def run_turn(
                                                      len(passages))
         except LLMUnavailable as err:
             model_failed = True
-            store.catalog.log_error("chat", err.code, str(err))
+            store.log_error("chat", err.code, str(err))
             notes.append(f"The model {endpoint.name} failed, so this answer is not generated: {err}")
             answer, cited = extractive_answer(passages, f"the model {endpoint.name} failed")
         generate_ms = _ms(t0)
@@ -955,7 +958,7 @@ def run_turn(
 
 def _log(store: Store, trace: dict, message: str, records: Sequence[KBRecord]) -> None:
     if store.settings.query_log:
-        store.catalog.log_query(trace.get("kind", "chat"), message, [r.id for r in records], trace)
+        store.log_query(trace.get("kind", "chat"), message, [r.id for r in records], trace)
 
 
 def _ms(t0: float) -> float:

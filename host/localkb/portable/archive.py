@@ -30,12 +30,12 @@ from __future__ import annotations
 import atexit
 import base64
 import binascii
+import contextlib
 import gzip
 import hashlib
 import json
 import math
 import os
-import sqlite3
 import tempfile
 import threading
 import time
@@ -50,11 +50,15 @@ import numpy as np
 
 from localkb import __version__
 from localkb.embedding.embedder import MODELS
-from localkb.errors import Conflict, InvalidArchive, InvalidInput
+from localkb.errors import Conflict, InvalidArchive, InvalidInput, KnowledgeBaseNotFound
 from localkb.ingest.chunk import passage_text
 from localkb.portable import envelope
-from localkb.store.catalog import chunk_id, source_id, vector_blob, vector_key
-from localkb.store.kb import PRIVACY, Change, KnowledgeBase, Store, _check_name
+from localkb.store.base import KnowledgeBaseHandle, KnowledgeStore
+from localkb.store.kb import PRIVACY, check_name
+
+# Export and import run on either store (``store.base``): the local one or a team one.
+KnowledgeBase = KnowledgeBaseHandle
+Store = KnowledgeStore
 
 FORMAT = "awkb"
 VERSION = 1
@@ -135,27 +139,12 @@ def _dumps(obj: Any) -> bytes:
         return json.dumps(obj, ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode()
 
 
-def _snapshot(store: Store) -> sqlite3.Connection:
-    """A read-only connection of its own: one transaction on it is one consistent snapshot (WAL)."""
-    uri = store.catalog.path.resolve().as_uri() + "?mode=ro"
-    conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
-    conn.row_factory = sqlite3.Row
-    conn.execute("PRAGMA busy_timeout=60000")
-    return conn
-
-
 def export_kb(kb: KnowledgeBase, out: BinaryIO, *, progress: Progress | None = None,
               check_cancelled: CancelCheck | None = None) -> ExportReport:
     """Write ``kb`` as an .awkb stream (gzip of one JSON document) into ``out``."""
-    conn = _snapshot(kb.store)
     sink = _Hashing(out)
-    try:
-        conn.execute("BEGIN")
-        rec = conn.execute("SELECT * FROM kbs WHERE id = ?", (kb.id,)).fetchone()
-        if rec is None:
-            raise InvalidInput(f"knowledge base {kb.record.name!r} was deleted")
-        n_sources = conn.execute("SELECT COUNT(*) FROM sources WHERE kb_id = ?", (kb.id,)).fetchone()[0]
-        n_chunks = conn.execute("SELECT COUNT(*) FROM chunks WHERE kb_id = ?", (kb.id,)).fetchone()[0]
+    with kb.snapshot() as snap:
+        rec, n_sources, n_chunks = snap.record, snap.n_sources, snap.n_chunks
         # mtime=0 and no file name: the same snapshot always gives the same bytes.
         with gzip.GzipFile(fileobj=sink, mode="wb", compresslevel=6, mtime=0, filename="") as gz:
             head = {"format": FORMAT, "version": VERSION, "exported_at": time.time(),
@@ -163,8 +152,7 @@ def export_kb(kb: KnowledgeBase, out: BinaryIO, *, progress: Progress | None = N
                     "model": {"id": rec["model"], "dim": rec["dim"], "normalised": True},
                     "kb": {"name": rec["name"], "privacy": rec["privacy"]}}
             gz.write(_dumps(head)[:-1] + b',"sources":[')
-            for n, s in enumerate(conn.execute(
-                    "SELECT * FROM sources WHERE kb_id = ? ORDER BY added_at, id", (kb.id,))):
+            for n, s in enumerate(snap.sources):
                 gz.write((b"," if n else b"") + _dumps({
                     "id": s["id"], "key": s["key"], "type": s["type"], "title": s["title"],
                     "url": s["url"], "file_name": s["file_name"], "content_hash": s["content_hash"],
@@ -173,9 +161,7 @@ def export_kb(kb: KnowledgeBase, out: BinaryIO, *, progress: Progress | None = N
                     "updated_at": s["updated_at"]}))
             gz.write(b'],"chunks":[')
             step = max(1, n_chunks // 100)
-            for n, c in enumerate(conn.execute(
-                    "SELECT id, source_id, idx, text, page, tokens, text_hash, indexed_by, indexed_at, "
-                    "vector FROM chunks WHERE kb_id = ? ORDER BY source_id, idx", (kb.id,))):
+            for n, c in enumerate(snap.chunks):
                 gz.write((b"," if n else b"") + _dumps({
                     "id": c["id"], "source": c["source_id"], "index": c["idx"], "text": c["text"],
                     "page": c["page"], "tokens": c["tokens"], "text_hash": c["text_hash"],
@@ -186,9 +172,6 @@ def export_kb(kb: KnowledgeBase, out: BinaryIO, *, progress: Progress | None = N
                         check_cancelled()
                     _emit(progress, stage="export", done=n + 1, total=n_chunks)
             gz.write(b'],"counts":' + _dumps({"sources": n_sources, "chunks": n_chunks}) + b"}")
-        conn.execute("COMMIT")
-    finally:
-        conn.close()
     _emit(progress, stage="export", done=n_chunks, total=n_chunks)
     return ExportReport(kb=rec["id"], name=rec["name"], model=rec["model"], sources=n_sources,
                         chunks=n_chunks, bytes=sink.size, sha256=sink.digest.hexdigest())
@@ -202,7 +185,7 @@ def export_to_file(kb: KnowledgeBase, path: Path, *, passphrase: str | None = No
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         if passphrase:
-            with tempfile.TemporaryFile(dir=kb.store.root) as plain:
+            with tempfile.TemporaryFile(dir=path.parent) as plain:
                 report = export_kb(kb, plain, progress=progress, check_cancelled=check_cancelled)
                 plain.seek(0)
                 with open(tmp, "wb") as fh:
@@ -396,7 +379,7 @@ def validate_document(doc: dict, *, limits: Limits = DEFAULT_LIMITS,
     kbinfo = ck.obj("kb", ck.get("document", doc, "kb"))
     name = ck.string("kb", kbinfo, "name", max_len=80)
     try:
-        name = _check_name(name)
+        name = check_name(name)
     except InvalidInput as err:
         raise InvalidArchive(f"kb: 'name': {err}") from err
     privacy = ck.string("kb", kbinfo, "privacy", max_len=20)
@@ -539,15 +522,23 @@ class ImportReport:
         return asdict(self)
 
 
+def _taken(store: Store, name: str) -> bool:
+    try:
+        store.resolve(name)
+    except KnowledgeBaseNotFound:
+        return False
+    return True
+
+
 def free_name(store: Store, wanted: str) -> str:
     """``wanted`` if no knowledge base has it, else ``wanted (2)``, ``wanted (3)``, ..."""
-    if store.catalog.kb_by_name(wanted) is None:
+    if not _taken(store, wanted):
         return wanted
     n = 2
     while True:
         suffix = f" ({n})"
         candidate = wanted[: 80 - len(suffix)] + suffix
-        if store.catalog.kb_by_name(candidate) is None:
+        if not _taken(store, candidate):
             return candidate
         n += 1
 
@@ -555,49 +546,26 @@ def free_name(store: Store, wanted: str) -> str:
 def write_archive(store: Store, archive: Archive, *, name: str | None = None,
                   progress: Progress | None = None) -> ImportReport:
     """Create a new knowledge base holding ``archive``: all of it, or no trace at all."""
-    with store.lock.hold():
+    # The local store's write lock keeps the name free until the knowledge base exists; the
+    # team store's unique name index does the same inside its own transaction.
+    with store.lock.hold() if hasattr(store, "lock") else contextlib.nullcontext():
         if name is not None:
-            name = _check_name(name)
-            if store.catalog.kb_by_name(name) is not None:
+            name = check_name(name)
+            if _taken(store, name):
                 raise Conflict(f"a knowledge base named {name!r} already exists")
         else:
             name = free_name(store, archive.name)
         rec = store.create_kb(name, privacy=archive.privacy, model=archive.model)
         try:
             kb = store.open_kb(rec.id)
-            new_sid = {s["id"]: source_id(rec.id, s["key"]) for s in archive.sources}
             _emit(progress, stage="write", done=0, total=len(archive.chunks))
-
-            def mutate(db: sqlite3.Connection) -> Change:
-                db.executemany(
-                    "INSERT INTO sources (id, kb_id, key, type, title, url, file_name, content_hash, "
-                    "captured_by, chunk_count, pages, lang, added_at, updated_at) "
-                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                    [(new_sid[s["id"]], rec.id, s["key"], s["type"], s["title"], s["url"],
-                      s["file_name"], s["content_hash"], s["captured_by"], s["chunk_count"],
-                      s["pages"], s["lang"], s["added_at"], s["updated_at"])
-                     for s in archive.sources])
-                change = Change()
-                rows = []
-                for c, vec in zip(archive.chunks, archive.vectors, strict=True):
-                    sid = new_sid[c["source"]]
-                    cid = chunk_id(rec.id, sid, c["index"])
-                    rows.append((cid, vector_key(cid), rec.id, sid, c["index"], c["text"],
-                                 c["text_hash"], c["page"], c["tokens"], vector_blob(vec),
-                                 c["indexed_by"], c["indexed_at"]))
-                    change.upserted.append((cid, vector_key(cid)))
-                db.executemany(
-                    "INSERT INTO chunks (id, vkey, kb_id, source_id, idx, text, text_hash, page, "
-                    "tokens, vector, indexed_by, indexed_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", rows)
-                return change
-
-            kb.write(mutate)
-            counts = store.catalog.counts(rec.id)
+            kb.import_rows(archive.sources, archive.chunks, archive.vectors)
+            counts = store.counts(rec.id)
             if counts != {"sources": len(archive.sources), "chunks": len(archive.chunks)}:
                 raise InvalidArchive(f"the import stored {counts['sources']:,} sources and "
                                      f"{counts['chunks']:,} chunks, the file holds "
                                      f"{len(archive.sources):,} and {len(archive.chunks):,}")
-            kb.indexes()
+            kb.legs()  # the local store builds its derived indexes here
         except BaseException:
             store.delete_kb(rec.id)
             raise
@@ -621,7 +589,7 @@ def import_kb(store: Store, src: Path | BinaryIO, *, name: str | None = None,
     else:
         fh = src
     try:
-        archive = read_archive(fh, passphrase=passphrase, limits=limits, tmp_dir=store.root,
+        archive = read_archive(fh, passphrase=passphrase, limits=limits, tmp_dir=getattr(store, "root", None),
                                check_cancelled=check_cancelled)
     finally:
         if fh is not src:

@@ -19,8 +19,8 @@ import numpy as np
 
 from localkb.errors import EmbeddingUnavailable, InvalidInput, LocalKBError
 from localkb.retrieval.hybrid import rrf
-from localkb.store.catalog import blob_vector, vector_key
-from localkb.store.kb import KnowledgeBase, Store
+from localkb.store.base import KnowledgeBaseHandle, KnowledgeStore
+from localkb.store.catalog import vector_key
 from localkb.store.keywords import KeywordHit, is_identifier, query_terms
 
 MODES = ("hybrid", "vector", "keyword")
@@ -222,9 +222,15 @@ class Reranker:
 
 
 class Searcher:
-    """Runs searches against a store; keeps one query-embedding cache per call."""
+    """Runs searches against a store (local or team, ``store.base``); one query-embedding cache per call.
 
-    def __init__(self, store: Store, *, reranker: Reranker | None = None) -> None:
+    The status logic below — fusion, floor, weaker band, per-source, the six statuses — is
+    the only copy: the team server runs this same class over its PostgreSQL store, and a
+    knowledge base attached from a team server (``remote``) hands back the statuses that
+    the server computed with it.
+    """
+
+    def __init__(self, store: KnowledgeStore, *, reranker: Reranker | None = None) -> None:
         self.store = store
         self.reranker = reranker
 
@@ -282,13 +288,19 @@ class Searcher:
         try:
             kb = self.store.open_kb(ref)
             name = kb.record.name
+            if getattr(kb, "remote", False):  # a team knowledge base: its server ran this search
+                status, hits, t = kb.search(query, k=k, mode=mode, cutoff=cutoff, floor=floor,
+                                            per_source=per_source)
+                trace.setdefault("kbs", {})[kb.id] = t
+                return status, hits
             t0 = time.perf_counter()
-            vi, ki = kb.indexes()
+            legs = kb.legs()
             t["open_ms"] = _ms(t0)
+            empty = legs.is_empty()
         except LocalKBError as err:
             return self._unavailable(ref, name, cutoff, err), []
         trace.setdefault("kbs", {})[kb.id] = t
-        if len(vi) == 0 and ki.doc_count() == 0:
+        if empty:
             return KBStatus(kb.id, name, "empty", cutoff=cutoff,
                             message="the knowledge base has no passages"), []
         want = fetch_k(k)
@@ -304,7 +316,7 @@ class Searcher:
                 qvec = self._embed_query(kb, query, qcache)
                 t["embed_ms"] = _ms(t0)
                 t0 = time.perf_counter()
-                vh = vi.search(qvec, want, exact_below=self.store.settings.exact_search_below)
+                vh = legs.vector(qvec, want)
                 t["vector_ms"] = _ms(t0)
                 t["vector_exact"] = vh.exact
                 lists["vector"] = [int(x) for x in vh.keys]
@@ -316,13 +328,13 @@ class Searcher:
         if mode in ("hybrid", "keyword") or embed_error is not None:
             try:
                 t0 = time.perf_counter()
-                khits = ki.search(terms, want)
+                khits = legs.keyword(terms, want)
                 t["keyword_ms"] = _ms(t0)
             except LocalKBError as err:
                 if embed_error is not None or mode == "keyword":
                     return self._unavailable(kb.id, name, cutoff, embed_error or err), []
                 khits = []
-                kb.catalog.log_error("rag-retrieval", err.code, str(err), kb_id=kb.id)
+                kb.log_error("rag-retrieval", err.code, str(err))
                 t["keyword_error"] = str(err)
             lists["keyword"] = [vector_key(h.chunk_id) for h in khits]
             weights["keyword"] = keyword_weight(khits, len(terms))
@@ -344,12 +356,14 @@ class Searcher:
                 qvec = None
         degraded = embed_error is not None
         if degraded:
-            kb.catalog.log_error("rag-retrieval", embed_error.code,
-                                 f"vector search could not run, keyword results only: {embed_error}",
-                                 kb_id=kb.id)
+            kb.log_error("rag-retrieval", embed_error.code,
+                         f"vector search could not run, keyword results only: {embed_error}")
         t0 = time.perf_counter()
         fused = rrf(lists, self.store.settings.rrf_k, weights)
-        rows = kb.catalog.hits_by_vkey(kb.id, list(fused))
+        try:
+            rows = legs.rows(list(fused), qvec)
+        except LocalKBError as err:
+            return self._unavailable(kb.id, name, cutoff, err), []
         hits: list[Hit] = []
         need_terms = len(terms) / 2
         for key, score in sorted(fused.items(), key=lambda kv: kv[1], reverse=True):
@@ -357,20 +371,21 @@ class Searcher:
             if row is None:  # an index entry without a catalogue row is never served
                 continue
             cos = sims.get(key)
-            if cos is None and qvec is not None:
-                cos = float(np.dot(blob_vector(row["vector"]), qvec))
+            if cos is None:
+                cos = row.cosine
             b, matched = bm25.get(key, (None, 0))
             keyword_match = b is not None and b > 0 and matched > need_terms
             relevant = keyword_match or (cos is not None and cos >= cutoff) or not floor
             hits.append(Hit(
-                kb=kb.id, kb_name=name, chunk_id=row["id"], source_id=row["source_id"],
-                title=row["title"], url=row["url"], file_name=row["file_name"],
-                chunk_index=row["idx"], chunk_count=row["chunk_count"], page=row["page"],
-                text=row["text"], score=round(score, 6), cosine=None if cos is None else round(cos, 6),
+                kb=kb.id, kb_name=name, chunk_id=row.id, source_id=row.source_id,
+                title=row.title, url=row.url, file_name=row.file_name,
+                chunk_index=row.idx, chunk_count=row.chunk_count, page=row.page,
+                text=row.text, score=round(score, 6), cosine=None if cos is None else round(cos, 6),
                 bm25=None if b is None else round(b, 4), matched_terms=matched,
                 lists=[n for n, items in lists.items() if key in items],
                 relevant=relevant, degraded=degraded))
         t["fuse_ms"] = _ms(t0)
+        t.update(legs.trace)
         t["candidates"] = {n: len(v) for n, v in lists.items()}
         t["weights"] = {n: round(weights.get(n, 1.0), 3) for n in lists}
         if rerank and self.reranker is not None:
@@ -406,7 +421,7 @@ class Searcher:
         status.message = status.message or status_line(status)
         return status, relevant + below[:k]
 
-    def _embed_query(self, kb: KnowledgeBase, query: str, qcache: dict) -> np.ndarray:
+    def _embed_query(self, kb: KnowledgeBaseHandle, query: str, qcache: dict) -> np.ndarray:
         model = kb.record.model
         cached = qcache.get(model)
         if isinstance(cached, LocalKBError):
@@ -421,8 +436,8 @@ class Searcher:
         return cached
 
     def _unavailable(self, kb_id: str, name: str, cutoff: float, err: LocalKBError) -> KBStatus:
-        self.store.catalog.log_error("rag-retrieval", err.code, f"search could not run: {err}",
-                                     kb_id=kb_id if kb_id.startswith("kb_") else None)
+        self.store.log_error("rag-retrieval", err.code, f"search could not run: {err}",
+                             kb_id=kb_id if kb_id.startswith(("kb_", "tkb_")) else None)
         return KBStatus(kb_id, name, "unavailable", cutoff=cutoff, error=err.to_dict(),
                         message=("the search could not run, so this says nothing about what is "
                                  f"stored: {err}"))

@@ -15,7 +15,8 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,12 +30,31 @@ from localkb.errors import (
     KnowledgeBaseNotFound,
     LocalKBError,
     ModelMismatch,
+    SourceNotFound,
 )
 from localkb.ingest.chunk import passage_text
 from localkb.locks import FileLock
-from localkb.store.catalog import Catalog, KBRecord, blob_vector, valid_vector
-from localkb.store.keywords import KeywordIndex
-from localkb.store.vectors import VectorIndex
+from localkb.store.base import (
+    Existing,
+    KnowledgeBaseHandle,
+    KnowledgeStore,
+    Legs,
+    PassageRow,
+    Snapshot,
+    SourceWrite,
+)
+from localkb.store.catalog import (
+    Catalog,
+    KBRecord,
+    blob_vector,
+    chunk_id,
+    source_id,
+    valid_vector,
+    vector_blob,
+    vector_key,
+)
+from localkb.store.keywords import KeywordHit, KeywordIndex
+from localkb.store.vectors import VectorHits, VectorIndex
 
 PRIVACY = ("device", "cloud")
 #: Chunks read at a time when the derived indexes catch up with a write, and per keyword commit.
@@ -54,7 +74,7 @@ class Change:
         return bool(self.upserted or self.deleted)
 
 
-class Store:
+class Store(KnowledgeStore):
     """A data directory: the catalogue plus one folder of derived indexes per knowledge base."""
 
     def __init__(self, settings: Settings) -> None:
@@ -81,7 +101,7 @@ class Store:
         return rec
 
     def create_kb(self, name: str, *, privacy: str = "device", model: str | None = None) -> KBRecord:
-        name = _check_name(name)
+        name = check_name(name)
         if privacy not in PRIVACY:
             raise InvalidInput(f"privacy must be 'device' or 'cloud', not {privacy!r}")
         model = model or self.settings.default_model
@@ -108,7 +128,7 @@ class Store:
             try:
                 with self.catalog.tx() as db:
                     if name is not None:
-                        db.execute("UPDATE kbs SET name = ? WHERE id = ?", (_check_name(name), rec.id))
+                        db.execute("UPDATE kbs SET name = ? WHERE id = ?", (check_name(name), rec.id))
                     if privacy is not None:
                         db.execute("UPDATE kbs SET privacy = ? WHERE id = ?", (privacy, rec.id))
             except LocalKBError as err:
@@ -129,6 +149,25 @@ class Store:
                 kb.close()
             shutil.rmtree(self.kb_dir(rec.id), ignore_errors=True)
         return rec
+
+    def record(self, kb_id: str) -> KBRecord | None:
+        return self.catalog.kb(kb_id) if isinstance(kb_id, str) else None
+
+    def generation(self, kb_id: str) -> int | None:
+        return self.catalog.generation(kb_id)
+
+    def counts(self, kb_id: str) -> dict:
+        return self.catalog.counts(kb_id)
+
+    def passage_window(self, kb_id: str, source_id: str, idx: int, radius: int) -> list[dict]:
+        return [dict(r) for r in self.catalog.passage_window(source_id, idx, radius)]
+
+    def log_error(self, source: str, code: str, message: str, *, kb_id: str | None = None,
+                  ref: str | None = None, detail: dict | None = None) -> None:
+        self.catalog.log_error(source, code, message, kb_id=kb_id, ref=ref, detail=detail)
+
+    def log_query(self, kind: str, query: str, kb_ids: list[str], trace: dict) -> None:
+        self.catalog.log_query(kind, query, kb_ids, trace)
 
     def kb_dir(self, kb_id: str) -> Path:
         return self.root / "kbs" / kb_id
@@ -163,13 +202,13 @@ def _usable(load: Callable[[], VectorIndex | KeywordIndex], gen: int, pruned: in
     return index if pruned <= index.generation <= gen else None
 
 
-def _check_name(name: object) -> str:
+def check_name(name: object) -> str:
     if not isinstance(name, str) or not _NAME.match(name.strip()):
         raise InvalidInput("a knowledge base name is 1-80 characters, without / \\ or control characters")
     return name.strip()
 
 
-class KnowledgeBase:
+class KnowledgeBase(KnowledgeBaseHandle):
     """One knowledge base: its record, its embedder and its two derived indexes."""
 
     def __init__(self, store: Store, record: KBRecord) -> None:
@@ -381,6 +420,148 @@ class KnowledgeBase:
             self.record = self.store.resolve(self.id)
             return gen
 
+    # -- the store seam: ingestion ----------------------------------------------
+    def source_state(self, sid: str) -> tuple[str, int] | None:
+        row = self.catalog.db.execute("SELECT content_hash, chunk_count FROM sources WHERE id = ?",
+                                      (sid,)).fetchone()
+        return (row["content_hash"], row["chunk_count"]) if row else None
+
+    def existing_chunks(self, sid: str, db: sqlite3.Connection | None = None) -> Existing:
+        db = db or self.catalog.db
+        return {r[0]: (r[1], valid_vector(r[2], self.record.dim))
+                for r in db.execute("SELECT id, text_hash, vector FROM chunks WHERE source_id = ?",
+                                    (sid,))}
+
+    def write_sources(self, writes: Sequence[SourceWrite]) -> dict[str, Existing]:
+        """One catalogue transaction for all of ``writes``: each source lands whole or not at all."""
+        now = time.time()
+        befores: dict[str, Existing] = {}
+
+        def mutate(db: sqlite3.Connection) -> Change:
+            change = Change()
+            for w in writes:
+                befores[w.id] = self.existing_chunks(w.id, db)
+                row = db.execute("SELECT added_at FROM sources WHERE id = ?", (w.id,)).fetchone()
+                db.execute(
+                    "INSERT INTO sources (id, kb_id, key, type, title, url, file_name, content_hash, "
+                    "captured_by, chunk_count, pages, lang, added_at, updated_at) "
+                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET "
+                    "type=excluded.type, title=excluded.title, url=excluded.url, "
+                    "file_name=excluded.file_name, content_hash=excluded.content_hash, "
+                    "captured_by=excluded.captured_by, chunk_count=excluded.chunk_count, "
+                    "pages=excluded.pages, lang=excluded.lang, updated_at=excluded.updated_at",
+                    (w.id, self.id, w.key, w.type, w.title, w.url, w.file_name, w.content_hash,
+                     w.captured_by, w.chunk_count, w.pages, w.lang,
+                     row["added_at"] if row else now, now))
+                for c in w.chunks:
+                    db.execute(
+                        "INSERT INTO chunks (id, vkey, kb_id, source_id, idx, text, text_hash, page, "
+                        "tokens, vector, indexed_by, indexed_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?) "
+                        "ON CONFLICT(id) DO UPDATE SET text=excluded.text, "
+                        "text_hash=excluded.text_hash, page=excluded.page, tokens=excluded.tokens, "
+                        "vector=excluded.vector, indexed_by=excluded.indexed_by, "
+                        "indexed_at=excluded.indexed_at",
+                        (c.id, vector_key(c.id), self.id, w.id, c.idx, c.text, c.text_hash, c.page,
+                         c.tokens, vector_blob(c.vector), c.indexed_by, now))
+                    change.upserted.append((c.id, vector_key(c.id)))
+                stale = [cid for cid in befores[w.id] if cid not in w.keep]
+                db.executemany("DELETE FROM chunks WHERE id = ?", [(cid,) for cid in stale])
+                change.deleted.extend((cid, vector_key(cid)) for cid in stale)
+            return change
+
+        self.write(mutate)
+        return befores
+
+    def remove_source(self, ref: str) -> dict:
+        row = self.catalog.db.execute(
+            "SELECT id, title FROM sources WHERE kb_id = ? AND (id = ? OR key = ? OR url = ? OR key = ?)",
+            (self.id, ref, ref, ref, "file:" + str(Path(ref).expanduser().resolve()))).fetchone()
+        if row is None:
+            raise SourceNotFound(f"no source {ref!r} in {self.record.name!r}")
+        sid = row["id"]
+        removed: list[tuple[str, int]] = []
+
+        def mutate(db: sqlite3.Connection) -> Change:
+            ids = [(r[0], r[1]) for r in db.execute("SELECT id, vkey FROM chunks WHERE source_id = ?",
+                                                    (sid,))]
+            removed.extend(ids)
+            db.execute("DELETE FROM chunks WHERE source_id = ?", (sid,))
+            db.execute("DELETE FROM sources WHERE id = ?", (sid,))
+            return Change(deleted=ids)
+
+        self.write(mutate)
+        return {"source_id": sid, "title": row["title"], "removed_chunks": len(removed)}
+
+    def list_sources(self, *, offset: int = 0, limit: int = 100) -> tuple[list[dict], int]:
+        db = self.catalog.db
+        total = db.execute("SELECT COUNT(*) FROM sources WHERE kb_id = ?", (self.id,)).fetchone()[0]
+        rows = db.execute(
+            "SELECT s.*, (SELECT COUNT(*) FROM chunks c WHERE c.source_id = s.id) AS stored "
+            "FROM sources s WHERE kb_id = ? ORDER BY added_at, id LIMIT ? OFFSET ?",
+            (self.id, limit, offset)).fetchall()
+        return [{"id": r["id"], "title": r["title"], "url": r["url"], "file_name": r["file_name"],
+                 "type": r["type"], "chunks": r["stored"], "chunk_count": r["chunk_count"],
+                 "pages": r["pages"], "captured_by": r["captured_by"], "added_at": r["added_at"],
+                 "updated_at": r["updated_at"]} for r in rows], total
+
+    # -- the store seam: search ---------------------------------------------------
+    def legs(self) -> LocalLegs:
+        vi, ki = self.indexes()
+        return LocalLegs(self, vi, ki)
+
+    # -- the store seam: portable -------------------------------------------------
+    @contextmanager
+    def snapshot(self) -> Iterator[Snapshot]:
+        """A read-only connection of its own: one transaction on it is one consistent snapshot (WAL)."""
+        uri = self.catalog.path.resolve().as_uri() + "?mode=ro"
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA busy_timeout=60000")
+        try:
+            conn.execute("BEGIN")
+            rec = conn.execute("SELECT * FROM kbs WHERE id = ?", (self.id,)).fetchone()
+            if rec is None:
+                raise InvalidInput(f"knowledge base {self.record.name!r} was deleted")
+            n_sources = conn.execute("SELECT COUNT(*) FROM sources WHERE kb_id = ?", (self.id,)).fetchone()[0]
+            n_chunks = conn.execute("SELECT COUNT(*) FROM chunks WHERE kb_id = ?", (self.id,)).fetchone()[0]
+            sources = (dict(r) for r in conn.execute(
+                "SELECT * FROM sources WHERE kb_id = ? ORDER BY added_at, id", (self.id,)))
+            chunks = (dict(r) for r in conn.execute(
+                "SELECT id, source_id, idx, text, page, tokens, text_hash, indexed_by, indexed_at, "
+                "vector FROM chunks WHERE kb_id = ? ORDER BY source_id, idx", (self.id,)))
+            yield Snapshot(record=dict(rec), n_sources=n_sources, n_chunks=n_chunks,
+                           sources=sources, chunks=chunks)
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+
+    def import_rows(self, sources: Sequence[dict], chunks: Sequence[dict], vectors: np.ndarray) -> None:
+        new_sid = {s["id"]: source_id(self.id, s["key"]) for s in sources}
+
+        def mutate(db: sqlite3.Connection) -> Change:
+            db.executemany(
+                "INSERT INTO sources (id, kb_id, key, type, title, url, file_name, content_hash, "
+                "captured_by, chunk_count, pages, lang, added_at, updated_at) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                [(new_sid[s["id"]], self.id, s["key"], s["type"], s["title"], s["url"],
+                  s["file_name"], s["content_hash"], s["captured_by"], s["chunk_count"],
+                  s["pages"], s["lang"], s["added_at"], s["updated_at"]) for s in sources])
+            change = Change()
+            rows = []
+            for c, vec in zip(chunks, vectors, strict=True):
+                sid = new_sid[c["source"]]
+                cid = chunk_id(self.id, sid, c["index"])
+                rows.append((cid, vector_key(cid), self.id, sid, c["index"], c["text"],
+                             c["text_hash"], c["page"], c["tokens"], vector_blob(vec),
+                             c["indexed_by"], c["indexed_at"]))
+                change.upserted.append((cid, vector_key(cid)))
+            db.executemany(
+                "INSERT INTO chunks (id, vkey, kb_id, source_id, idx, text, text_hash, page, "
+                "tokens, vector, indexed_by, indexed_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+            return change
+
+        self.write(mutate)
+
     # -- health ----------------------------------------------------------------
     def health(self, *, repair: bool = False) -> dict:
         """Counts across SQLite, usearch and Whoosh, and whether they agree."""
@@ -443,3 +624,32 @@ class KnowledgeBase:
             after = self.health()
             report["problems_after_repair"] = after["problems"]
         return report
+
+
+class LocalLegs(Legs):
+    """usearch and Whoosh at the catalogue's generation; rows from the catalogue."""
+
+    def __init__(self, kb: KnowledgeBase, vi: VectorIndex, ki: KeywordIndex) -> None:
+        self.kb = kb
+        self.vi = vi
+        self.ki = ki
+        self.trace: dict = {}
+
+    def is_empty(self) -> bool:
+        return len(self.vi) == 0 and self.ki.doc_count() == 0
+
+    def vector(self, qvec: np.ndarray, count: int) -> VectorHits:
+        return self.vi.search(qvec, count, exact_below=self.kb.store.settings.exact_search_below)
+
+    def keyword(self, terms: list[str], count: int) -> list[KeywordHit]:
+        return self.ki.search(terms, count)
+
+    def rows(self, keys: Sequence[int], qvec: np.ndarray | None) -> dict[int, PassageRow]:
+        out = {}
+        for key, r in self.kb.catalog.hits_by_vkey(self.kb.id, list(keys)).items():
+            cos = None if qvec is None else float(np.dot(blob_vector(r["vector"]), qvec))
+            out[key] = PassageRow(vkey=key, id=r["id"], source_id=r["source_id"], idx=r["idx"],
+                                  text=r["text"], page=r["page"], title=r["title"], url=r["url"],
+                                  file_name=r["file_name"], type=r["type"],
+                                  chunk_count=r["chunk_count"], cosine=cos)
+        return out

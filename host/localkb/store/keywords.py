@@ -253,3 +253,12 @@ class KeywordIndex:
     def close(self) -> None:
         self._close_searcher()
         self.ix.close()
+
+
+def document_terms(text: str) -> list[tuple[str, int]]:
+    """(term, position) of every term the keyword index stores for ``text``, from the same analyser.
+
+    The team store builds its PostgreSQL ``tsvector`` from these, so both stores index
+    exactly the same terms (compounds whole and by their parts, stems, no stopwords).
+    """
+    return [(t.text, t.pos) for t in _analyzer()(text, positions=True)]
