@@ -865,7 +865,9 @@ def run_turn(
     if tools_offered:
         # The write targets pass the same gate: a device knowledge base is never even named
         # to a cloud model.
-        targets = list(allowed_knowledge_bases(endpoint, store.kbs()).allowed)  # type: ignore[arg-type]
+        # Only local knowledge bases are offered: a team's are written through its server.
+        local = [r for r in store.kbs() if getattr(r, "team", None) is None]
+        targets = list(allowed_knowledge_bases(endpoint, local).allowed)  # type: ignore[arg-type]
     # No passages, no model call (nothing to ground an answer in), unless the user asked to
     # save something: that needs the model whatever the search found.
     if endpoint is not None and (passages or (tools_offered and targets)):

@@ -102,11 +102,13 @@ class TeamStore(KnowledgeStore):
     """The team database as one user sees it (``Access.system()``: the server's own view)."""
 
     def __init__(self, db: Database, settings: Settings, access: Access, *,
-                 models: EmbedderRegistry | None = None) -> None:
+                 models: EmbedderRegistry | None = None, write_level: int | None = None) -> None:
         self.db = db
         self.settings = settings
         self.access = access
         self.models = models or EmbedderRegistry(settings)
+        #: The level sources written through this view get (None: kept, or the default for new ones).
+        self.write_level = write_level
 
     def for_access(self, access: Access) -> TeamStore:
         """The same database and models, seen by another user."""
@@ -216,7 +218,8 @@ class TeamStore(KnowledgeStore):
 
     def open_kb(self, ref: str, *, write_level: int | None = None) -> TeamKnowledgeBase:
         """A knowledge base; ``write_level`` is the level new or re-added sources get (else kept)."""
-        return TeamKnowledgeBase(self, self.resolve(ref), write_level=write_level)
+        level = self.write_level if write_level is None else write_level
+        return TeamKnowledgeBase(self, self.resolve(ref), write_level=level)
 
     def generation(self, kb_id: str) -> int | None:
         rec = self.record(kb_id)
@@ -296,7 +299,7 @@ class TeamKnowledgeBase(KnowledgeBaseHandle):
             raise ModelMismatch(f"model {record.model} has {self.embedder.dim} dimensions, "
                                 f"the knowledge base was created with {record.dim}")
 
-    def _writable(self) -> None:
+    def check_writable(self) -> None:
         if not self.can_write:
             raise Forbidden(f"your roles may read {self.record.name!r} but not write to it")
 
@@ -333,7 +336,7 @@ class TeamKnowledgeBase(KnowledgeBaseHandle):
         conn.execute("UPDATE kbs SET generation = generation + 1 WHERE id = %s", (self.id,))
 
     def write_sources(self, writes: Sequence[SourceWrite]) -> dict[str, Existing]:
-        self._writable()
+        self.check_writable()
         befores: dict[str, Existing] = {}
         now = time.time()
         with self.db.tx() as conn:
@@ -410,7 +413,7 @@ class TeamKnowledgeBase(KnowledgeBaseHandle):
         return row
 
     def remove_source(self, ref: str) -> dict:
-        self._writable()
+        self.check_writable()
         with self.db.tx() as conn:
             self._lock(conn)
             row = self._find_source(conn, ref)
@@ -421,7 +424,7 @@ class TeamKnowledgeBase(KnowledgeBaseHandle):
 
     def set_access(self, ref: str, level: int) -> dict:
         """Change a source's access level (and so its passages'), at most to the user's own."""
-        self._writable()
+        self.check_writable()
         if not 0 <= level < len(LEVELS):
             raise InvalidInput("the access level is out of range", detail={"field": "access"})
         if level > self.level:
@@ -435,6 +438,13 @@ class TeamKnowledgeBase(KnowledgeBaseHandle):
             self._bump(conn)
         return {"source_id": row["id"], "title": row["title"], "access": LEVELS[level],
                 "was": LEVELS[row["access_level"]], "chunks": n}
+
+    def source_access(self, sid: str) -> str | None:
+        """The access level of a visible source, by name."""
+        with self.db.conn() as conn:
+            row = conn.execute("SELECT access_level FROM sources WHERE id = %s AND kb_id = %s "
+                               "AND access_level <= %s", (sid, self.id, self.level)).fetchone()
+        return LEVELS[row["access_level"]] if row else None
 
     def list_sources(self, *, offset: int = 0, limit: int = 100) -> tuple[list[dict], int]:
         with self.db.conn() as conn:
@@ -496,7 +506,7 @@ class TeamKnowledgeBase(KnowledgeBaseHandle):
     def import_rows(self, sources: Sequence[dict], chunks: Sequence[dict], vectors: np.ndarray) -> None:
         from localkb.store.base import ChunkWrite
 
-        self._writable()
+        self.check_writable()
         level = self.write_level if self.write_level is not None else 0
         new_sid = {s["id"]: source_id(self.id, s["key"]) for s in sources}
         titles = {s["id"]: s["title"] for s in sources}
