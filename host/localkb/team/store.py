@@ -123,7 +123,7 @@ class TeamStore(KnowledgeStore):
     def kbs(self) -> list[KBRecord]:
         clause, args = self._visible_clause()
         with self.db.conn() as conn:
-            rows = conn.execute(f"SELECT * FROM kbs WHERE {clause} ORDER BY created, name",  # noqa: S608
+            rows = conn.execute(f"SELECT * FROM kbs WHERE {clause} ORDER BY created, name",
                                 args).fetchall()
         return [_record(r) for r in rows]
 
@@ -268,8 +268,8 @@ class TeamStore(KnowledgeStore):
         with self.db.conn() as conn:
             where = "WHERE (%(s)s::text IS NULL OR source = %(s)s) AND (%(k)s::text IS NULL OR kb_id = %(k)s)"
             args = {"s": source, "k": kb_id, "o": offset, "l": limit}
-            total = conn.execute(f"SELECT count(*) AS n FROM errors {where}", args).fetchone()["n"]  # noqa: S608
-            rows = conn.execute(f"SELECT * FROM errors {where} ORDER BY id DESC LIMIT %(l)s "  # noqa: S608
+            total = conn.execute(f"SELECT count(*) AS n FROM errors {where}", args).fetchone()["n"]
+            rows = conn.execute(f"SELECT * FROM errors {where} ORDER BY id DESC LIMIT %(l)s "
                                 "OFFSET %(o)s", args).fetchall()
         return [{"id": r["id"], "at": r["at"], "source": r["source"], "code": r["code"],
                  "message": r["message"], "kb": r["kb_id"], "ref": r["ref"], "detail": r["detail"]}
@@ -500,7 +500,8 @@ class TeamKnowledgeBase(KnowledgeBaseHandle):
         for row in self._stream(conn, "SELECT id, source_id, idx, text, page, tokens, text_hash, "
                                 "indexed_by, indexed_at, embedding FROM chunks WHERE kb_id = %s AND "
                                 "access_level <= %s ORDER BY source_id, idx", args):
-            vec = np.asarray(row.pop("embedding"), dtype="<f4")
+            raw = row.pop("embedding")
+            vec = np.asarray(raw.to_numpy() if hasattr(raw, "to_numpy") else raw, dtype="<f4")
             yield {**row, "vector": vec.tobytes()}
 
     def import_rows(self, sources: Sequence[dict], chunks: Sequence[dict], vectors: np.ndarray) -> None:
