@@ -1,10 +1,12 @@
 """Who may see what on the team server: users, roles with clearances, grants, API tokens.
 
 A user holds roles; a role has a clearance (one of ``LEVELS``) and is granted knowledge
-bases (read, or read and write). On a knowledge base a user sees the passages whose
-level is at or below the highest clearance among their roles granted it; a knowledge
-base none of their roles is granted does not exist for them. Access is read from the
-database on every request, so a revoked grant or token counts from the next query.
+bases (read, or read and write). An administrator sees and manages every knowledge base
+at every level (they can grant themselves anything anyway, so nothing is pretended).
+On a knowledge base a user sees the passages whose level is at or below the highest
+clearance among their roles granted it; a knowledge base none of their roles is granted
+does not exist for them. Access is read from the database on every request, so a revoked
+grant or token counts from the next query.
 
 Tokens are ``lkt_<id>_<secret>``: the id finds the row, the secret (32 random bytes)
 is kept only as its SHA-256 digest and compared in constant time. A high-entropy
@@ -74,14 +76,19 @@ class Access:
     def system(cls) -> Access:
         return cls(user_id=None, user="(admin)", is_admin=True, kbs=None)
 
+    @property
+    def everything(self) -> bool:
+        """Administrators (and the server itself) see every knowledge base at every level."""
+        return self.kbs is None or self.is_admin
+
     def grant(self, kb_id: str) -> Grant | None:
-        if self.kbs is None:
+        if self.everything:
             return Grant(len(LEVELS) - 1, True)
         return self.kbs.get(kb_id)
 
     def key(self) -> tuple:
         """What this access set is, as a cache key part (issue 20's caches key on it)."""
-        if self.kbs is None:
+        if self.everything:
             return ("*",)
         return tuple(sorted((k, g.level, g.can_write) for k, g in self.kbs.items()))
 

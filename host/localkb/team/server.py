@@ -82,8 +82,10 @@ STATUS = {
 class Request:
     """One parsed request: method, path parts, query, body, the caller."""
 
-    def __init__(self, method: str, path: str, query: dict[str, list[str]], headers, body_reader) -> None:
+    def __init__(self, method: str, path: str, query: dict[str, list[str]], headers, body_reader,
+                 *, json_cap: int = MAX_JSON_BYTES) -> None:
         self.method = method
+        self.json_cap = json_cap
         self.parts = [unquote(p) for p in path.strip("/").split("/") if p]
         self.query = query
         self.headers = headers
@@ -108,7 +110,7 @@ class Request:
         return int(raw)
 
     def json(self) -> dict:
-        raw = self._read_body(MAX_JSON_BYTES)
+        raw = self._read_body(self.json_cap)
         if not raw:
             return {}
         try:
@@ -135,13 +137,14 @@ class TeamAPI:
     """The routes, over one database; each call sees the store as its caller does."""
 
     def __init__(self, db: Database, settings: Settings, *, name: str = "team",
-                 max_import_bytes: int = MAX_IMPORT_BYTES) -> None:
+                 max_import_bytes: int = MAX_IMPORT_BYTES, max_json_bytes: int = MAX_JSON_BYTES) -> None:
         self.db = db
         self.settings = settings
         self.name = name
         self.directory = Directory(db)
         self.system = TeamStore(db, settings, Access.system())
         self.max_import_bytes = max_import_bytes
+        self.max_json_bytes = max_json_bytes
         self.routes: list[tuple[str, tuple[str, ...], Callable[..., Any], bool]] = [
             ("GET", ("v1", "health"), self.health, False),
             ("GET", ("v1", "me"), self.me, True),
@@ -385,7 +388,8 @@ def _handler_class(api: TeamAPI):
             try:
                 query = parse_qs(split.query, keep_blank_values=True, max_num_fields=50,
                                  strict_parsing=False)
-                req = Request(self.command, split.path, query, self.headers, self._read_body)
+                req = Request(self.command, split.path, query, self.headers, self._read_body,
+                              json_cap=api.max_json_bytes)
                 status, result = api.dispatch(req)
             except LocalKBError as err:
                 status = 411 if isinstance(err, _LengthRequired) else STATUS.get(err.code, 500)

@@ -116,7 +116,7 @@ class TeamStore(KnowledgeStore):
 
     # -- knowledge bases -------------------------------------------------------------------
     def _visible_clause(self) -> tuple[str, list]:
-        if self.access.kbs is None:
+        if self.access.everything:
             return "TRUE", []
         return "id = ANY(%s)", [list(self.access.kbs)]
 
@@ -535,7 +535,15 @@ class TeamKnowledgeBase(KnowledgeBaseHandle):
 
 
 class TeamLegs(Legs):
-    """The two legs over one knowledge base, every statement filtered by ``kb_id`` and level."""
+    """The two legs over one knowledge base, every statement filtered by ``kb_id`` and level.
+
+    The planner may answer the approximate query with an exact plan (a B-tree on
+    ``(kb_id, access_level)`` and a sort) when few rows pass the filter; either way k
+    rows come back. ``session_settings`` adds ``SET LOCAL`` options to it (tests force
+    the HNSW walk with ``enable_sort = off``).
+    """
+
+    session_settings: dict[str, object] = {}  # noqa: RUF012 - a class-wide hook, replaced, never mutated
 
     def __init__(self, kb: TeamKnowledgeBase) -> None:
         self.kb = kb
@@ -581,12 +589,12 @@ class TeamLegs(Legs):
                 "WHERE dim = {dim} AND kb_id = %(kb)s AND access_level <= %(lvl)s "
                 "ORDER BY (embedding::{cast}) <=> %(q)s::{cast} LIMIT %(n)s").format(
                     cast=cast, dim=sql.Literal(self.dim))
+            ef = min(MAX_EF_SEARCH, max(64, EXPANSION_PER_CANDIDATE * count))
+            options = {"hnsw.ef_search": ef, "hnsw.iterative_scan": "relaxed_order",
+                       "hnsw.max_scan_tuples": MAX_SCAN_TUPLES, **self.session_settings}
             with self.db.conn() as conn, conn.transaction():
-                ef = min(MAX_EF_SEARCH, max(64, EXPANSION_PER_CANDIDATE * count))
-                conn.execute(sql.SQL("SET LOCAL hnsw.ef_search = {}").format(sql.Literal(ef)))
-                conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
-                conn.execute(sql.SQL("SET LOCAL hnsw.max_scan_tuples = {}").format(
-                    sql.Literal(MAX_SCAN_TUPLES)))
+                for name, value in options.items():
+                    conn.execute("SELECT set_config(%s, %s, true)", (name, str(value)))
                 rows = conn.execute(query, {"q": q, "kb": self.kb_id, "lvl": self.level,
                                             "n": count}).fetchall()
             path = "hnsw"
