@@ -455,8 +455,15 @@ def cmd_doctor(args, out: Out) -> int:
 def cmd_eval(args, out: Out) -> int:
     from localkb.retrieval.evaluate import format_table, run_eval
 
-    res = run_eval(args.path, modes=args.modes, model=args.model, k=args.k,
-                   rerank_model=args.rerank_model, limit_queries=args.limit_queries)
+    if args.store == "team":
+        from localkb.team.cli import throwaway_team_store
+
+        with throwaway_team_store(args.db) as store:
+            res = run_eval(args.path, modes=args.modes, model=args.model, k=args.k,
+                           rerank_model=args.rerank_model, limit_queries=args.limit_queries, store=store)
+    else:
+        res = run_eval(args.path, modes=args.modes, model=args.model, k=args.k,
+                       rerank_model=args.rerank_model, limit_queries=args.limit_queries)
     out.emit(res, lambda: format_table(res))
     return 0
 
@@ -942,6 +949,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-k", type=int, default=10)
     c.add_argument("--rerank-model", default=None)
     c.add_argument("--limit-queries", type=int, default=None)
+    c.add_argument("--store", choices=["local", "team"], default="local",
+                   help="team: the same eval on the PostgreSQL + pgvector store (a throw-away database)")
+    c.add_argument("--db", default=None, help="with --store team: a PostgreSQL URL (default: an embedded "
+                                              "cluster in a temporary folder)")
     c.set_defaults(func=cmd_eval)
     c = sub.add_parser("log", parents=[common], help="the query log")
     c.add_argument("--limit", type=int, default=20)

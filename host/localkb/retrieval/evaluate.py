@@ -27,6 +27,7 @@ from localkb.errors import InvalidInput
 from localkb.ingest.extract import Document, Section
 from localkb.ingest.pipeline import ingest_documents
 from localkb.retrieval.search import Reranker, Searcher
+from localkb.store.base import KnowledgeStore
 from localkb.store.kb import Store
 
 CUTS = (1, 3, 5, 10)
@@ -127,16 +128,21 @@ def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
 def run_eval(path: str | Path, *, modes: Sequence[str] = ("vector", "keyword", "hybrid"),
              model: str | None = None, k: int = 10, rerank_model: str | None = None,
              limit_queries: int | None = None, settings: Settings | None = None,
-             progress=None) -> dict:
-    """Index the corpus into a temporary store and score every mode; returns a dict of figures."""
+             progress=None, store: KnowledgeStore | None = None) -> dict:
+    """Index the corpus into a temporary store and score every mode; returns a dict of figures.
+
+    ``store`` runs the same eval on another store of the seam (the team store on PostgreSQL:
+    ``localkb eval PATH --store team``); it must not hold a knowledge base named ``eval``.
+    """
     corpus, queries, qrels = load_beir(Path(path))
     if limit_queries:
         queries = dict(list(queries.items())[:limit_queries])
     reranker = Reranker(Path(rerank_model)) if rerank_model else None
     run_modes = [(m, False) for m in modes] + ([("hybrid", True)] if reranker else [])
+    given = store
     with tempfile.TemporaryDirectory(prefix="localkb-eval-") as tmp:
         base = settings or Settings.from_env()
-        store = Store(replace(base, data_dir=Path(tmp)))
+        store = given or Store(replace(base, data_dir=Path(tmp)))
         try:
             store.create_kb("eval", model=model)
             kb = store.open_kb("eval")
@@ -150,7 +156,8 @@ def run_eval(path: str | Path, *, modes: Sequence[str] = ("vector", "keyword", "
             searcher = Searcher(store, reranker=reranker)
             results: dict = {"dataset": str(path), "model": kb.record.model,
                              "variant": kb.embedder.describe().get("variant"),
-                             "documents": len(corpus), "passages": store.catalog.counts(kb.id)["chunks"],
+                             "documents": len(corpus), "passages": store.counts(kb.id)["chunks"],
+                             "store": "local" if given is None else type(given).__name__,
                              "queries": len(queries), "index_seconds": round(index_s, 1),
                              "failed_documents": failed, "modes": {}}
             ndcgs: dict[str, list[float]] = {}
@@ -186,7 +193,8 @@ def run_eval(path: str | Path, *, modes: Sequence[str] = ("vector", "keyword", "
             results["compare"] = compare(ndcgs)
             return results
         finally:
-            store.close()
+            if given is None:
+                store.close()
 
 
 def _loader(doc_id: str, d: dict):

@@ -55,6 +55,44 @@ def admin_database(args):
             pg.release()
 
 
+@contextmanager
+def throwaway_team_store(url: str | None):
+    """A team store in a database of its own, dropped afterwards (evals and benchmarks)."""
+    import shutil
+    import tempfile
+    import uuid
+
+    import psycopg
+
+    from localkb.team.db import Database
+    from localkb.team.embedded import EmbeddedPostgres
+
+    pg = base = None
+    if url is None:
+        base = Path(tempfile.mkdtemp(prefix="localkb-eval-pg-"))
+        pg = EmbeddedPostgres(base / "team")
+        pg.acquire()
+        url = pg.start()
+    name = "eval_" + uuid.uuid4().hex[:10]
+    admin_url = url
+    try:
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        own = psycopg.conninfo.make_conninfo(url, dbname=name)
+        db = Database(own)
+        try:
+            yield _system_store(db)
+        finally:
+            db.close()
+            with psycopg.connect(admin_url, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        if pg is not None:
+            pg.stop()
+            pg.release()
+            shutil.rmtree(base, ignore_errors=True)
+
+
 def _system_store(db):
     from localkb.team.access import Access
     from localkb.team.store import TeamStore
