@@ -187,3 +187,19 @@ def test_keyword_leg_ranks_alike_in_both_stores(store, team_store):
         assert [h.title for h in a] == [h.title for h in b], query
         assert [h.bm25 for h in a] == pytest.approx([h.bm25 for h in b], rel=0.05), query
         assert [h.matched_terms for h in a] == [h.matched_terms for h in b], query
+
+
+def test_reembedding_switches_model_and_keeps_every_passage(any_store, docs):
+    from localkb.ingest.reembed import reembed, staged_count
+
+    before = any_store.counts(docs.id)
+    report = reembed(any_store, "Docs", "hashing-256", batch_size=2, lock_below=0)
+    assert report.switched and report.embedded == before["chunks"] and report.to_model == "hashing-256"
+    rec = any_store.resolve("Docs")
+    assert (rec.model, rec.dim) == ("hashing-256", 256) and rec.generation == report.generation
+    assert any_store.counts(docs.id) == before and staged_count(any_store, docs.id) == 0
+    res = search(any_store, "ERR_4521")
+    assert res.hits[0].title == "ERR_4521 disk full"
+    assert search(any_store, "legacy sync API", mode="vector").statuses[0].status != "unavailable"
+    again = reembed(any_store, "Docs", "hashing-256")
+    assert not again.switched and again.summary == "Docs already uses hashing-256"

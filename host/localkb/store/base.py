@@ -14,6 +14,8 @@ on either.
                               sources:   list_sources, remove_source
                               search:    legs() -> Legs (vector, keyword, rows)
                               portable:  snapshot(), import_rows
+                              re-embed:  staged_count, clear_staging, reembed_missing, chunk_texts,
+                                         stage_vectors, writers_paused(), switch_model, after_switch
 """
 
 from __future__ import annotations
@@ -179,6 +181,39 @@ class KnowledgeBaseHandle(ABC):
     def import_rows(self, sources: Sequence[dict], chunks: Sequence[dict],
                     vectors: np.ndarray) -> None:
         """Write an archive's sources and passages into this (new, empty) knowledge base."""
+
+    # -- re-embedding (ingest/reembed.py: stage, catch up with writers paused, switch) -------
+    @abstractmethod
+    def staged_count(self) -> int:
+        """Vectors staged for a re-embedding of this knowledge base."""
+
+    @abstractmethod
+    def clear_staging(self, keep_model: str | None) -> None:
+        """Drop staged vectors of every model but ``keep_model`` (None: all)."""
+
+    @abstractmethod
+    def reembed_missing(self, model: str) -> list[str]:
+        """Chunk ids with no staged ``model`` vector for their current text."""
+
+    @abstractmethod
+    def chunk_texts(self, ids: Sequence[str]) -> list[dict]:
+        """``{id, title, text, text_hash}`` of these passages."""
+
+    @abstractmethod
+    def stage_vectors(self, model: str, rows: Sequence[tuple[str, str, np.ndarray]]) -> None:
+        """Stage (chunk id, text hash, vector) rows; each call commits on its own."""
+
+    @abstractmethod
+    def writers_paused(self) -> AbstractContextManager[None]:
+        """While open, no other writer changes this knowledge base."""
+
+    @abstractmethod
+    def switch_model(self, model: str, dim: int) -> int:
+        """One transaction: every vector from staging and the new model, or nothing; the generation."""
+
+    @abstractmethod
+    def after_switch(self, old_model: str) -> None:
+        """Whatever the store derives from vectors, for the new model."""
 
     def log_error(self, source: str, code: str, message: str, *, ref: str | None = None,
                   detail: dict | None = None) -> None:

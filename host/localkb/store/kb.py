@@ -31,6 +31,7 @@ from localkb.errors import (
     LocalKBError,
     ModelMismatch,
     SourceNotFound,
+    StoreError,
 )
 from localkb.ingest.chunk import passage_text
 from localkb.locks import FileLock
@@ -60,6 +61,20 @@ PRIVACY = ("device", "cloud")
 #: Chunks read at a time when the derived indexes catch up with a write, and per keyword commit.
 APPLY_SLICE = 2048
 APPLY_COMMIT = 8192
+_STAGING = """
+CREATE TABLE IF NOT EXISTS reembed_staging (
+    kb_id TEXT NOT NULL REFERENCES kbs(id) ON DELETE CASCADE,
+    chunk_id TEXT NOT NULL,
+    model TEXT NOT NULL,
+    text_hash TEXT NOT NULL,
+    vector BLOB NOT NULL,
+    PRIMARY KEY (kb_id, chunk_id)
+)
+"""
+_MISSING = (
+    "SELECT c.id FROM chunks c LEFT JOIN reembed_staging r ON r.kb_id = c.kb_id AND r.chunk_id = c.id "
+    "AND r.model = ? AND r.text_hash = c.text_hash WHERE c.kb_id = ? AND r.chunk_id IS NULL "
+    "ORDER BY c.rowid")
 _NAME = re.compile(r"^[^\x00-\x1f/\\]{1,80}$")
 
 
@@ -561,6 +576,80 @@ class KnowledgeBase(KnowledgeBaseHandle):
             return change
 
         self.write(mutate)
+
+    # -- the store seam: re-embedding (ingest/reembed.py) --------------------------------
+    def _staging(self) -> sqlite3.Connection:
+        db = self.catalog.db
+        try:
+            db.execute(_STAGING)  # idempotent DDL: catalogues from before re-embedding have none
+        except sqlite3.Error as err:
+            raise StoreError(f"cannot create the re-embedding staging table: {err}") from err
+        return db
+
+    def staged_count(self) -> int:
+        return self._staging().execute("SELECT COUNT(*) FROM reembed_staging WHERE kb_id = ?",
+                                       (self.id,)).fetchone()[0]
+
+    def clear_staging(self, keep_model: str | None) -> None:
+        self._staging()
+        with self.catalog.tx() as db:
+            db.execute("DELETE FROM reembed_staging WHERE kb_id = ? AND model != ?",
+                       (self.id, keep_model or ""))
+
+    def reembed_missing(self, model: str) -> list[str]:
+        return [r[0] for r in self._staging().execute(_MISSING, (model, self.id))]
+
+    def chunk_texts(self, ids: Sequence[str]) -> list[dict]:
+        out: list[dict] = []
+        ids = list(ids)
+        for start in range(0, len(ids), 500):
+            part = ids[start : start + 500]
+            marks = ",".join("?" * len(part))  # only placeholders are interpolated
+            out += [dict(r) for r in self.catalog.db.execute(
+                "SELECT c.id, c.text, c.text_hash, s.title FROM chunks c JOIN sources s "
+                f"ON s.id = c.source_id WHERE c.kb_id = ? AND c.id IN ({marks})", [self.id, *part])]
+        return out
+
+    def stage_vectors(self, model: str, rows: Sequence[tuple[str, str, np.ndarray]]) -> None:
+        self._staging()
+        with self.catalog.tx() as db:
+            db.executemany(
+                "INSERT OR REPLACE INTO reembed_staging (kb_id, chunk_id, model, text_hash, vector) "
+                "VALUES (?,?,?,?,?)", [(self.id, cid, model, h, vector_blob(v)) for cid, h, v in rows])
+
+    @contextmanager
+    def writers_paused(self) -> Iterator[None]:
+        with self.store.lock.hold():
+            yield
+
+    def switch_model(self, model: str, dim: int) -> int:
+        """One transaction: every vector from staging, the new model, a new generation; or nothing."""
+        from localkb.errors import EmbeddingUnavailable
+
+        with self.catalog.tx() as db:
+            left = db.execute(_MISSING.replace("SELECT c.id", "SELECT COUNT(*)"),
+                              (model, self.id)).fetchone()[0]
+            if left:
+                raise EmbeddingUnavailable(f"{left} chunks have no {model} vector; nothing was switched")
+            db.execute(
+                "UPDATE chunks SET vector = (SELECT r.vector FROM reembed_staging r "
+                "WHERE r.kb_id = chunks.kb_id AND r.chunk_id = chunks.id) "
+                "WHERE kb_id = ?", (self.id,))
+            db.execute("UPDATE kbs SET model = ?, dim = ?, generation = generation + 1 WHERE id = ?",
+                       (model, dim, self.id))
+            gen = db.execute("SELECT generation FROM kbs WHERE id = ?", (self.id,)).fetchone()[0]
+            # No index built before this generation may be caught up: all are rebuilt.
+            db.execute("DELETE FROM changes WHERE kb_id = ?", (self.id,))
+            db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (f"pruned:{self.id}", str(gen)))
+            db.execute("DELETE FROM reembed_staging WHERE kb_id = ?", (self.id,))
+        return gen
+
+    def after_switch(self, old_model: str) -> None:
+        """Build the new model's indexes; drop the old model's vector index file."""
+        self.indexes()
+        old = self.dir / f"vectors-{old_model}.usearch"
+        old.unlink(missing_ok=True)
+        old.with_suffix(".json").unlink(missing_ok=True)
 
     # -- health ----------------------------------------------------------------
     def health(self, *, repair: bool = False) -> dict:

@@ -215,6 +215,11 @@ def cmd_kb(args, out) -> int:
                                   else level_of(args.default_access))
             res = store.describe(rec)
             text = f"updated {rec.name} ({rec.privacy}, new sources {res['default_access']})"
+        elif args.action == "reembed":
+            from localkb.ingest.reembed import reembed
+
+            res = reembed(store, args.kb, args.model, batch_size=args.batch_size).to_dict()
+            text = res["summary"]
         elif args.action == "delete":
             rec = store.delete_kb(args.kb)
             res = {"deleted": rec.id, "name": rec.name}
@@ -365,6 +370,12 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
     c.set_defaults(func=cmd_kb)
     c = ks.add_parser("delete", parents=[common, db])
     c.add_argument("kb")
+    c.set_defaults(func=cmd_kb)
+    c = ks.add_parser("reembed", parents=[common, db], help="move it to another embedding model "
+                                                          "(staged, writers paused only for the switch)")
+    c.add_argument("kb")
+    c.add_argument("--model", required=True)
+    c.add_argument("--batch-size", type=int, default=64)
     c.set_defaults(func=cmd_kb)
     c = ks.add_parser("list", parents=[common, db])
     c.set_defaults(func=cmd_kb)

@@ -122,6 +122,16 @@ CREATE TABLE tokens (
 );
 CREATE INDEX tokens_user ON tokens (user_id);
 """),
+    (3, "re-embedding staging", """
+CREATE TABLE reembed_staging (
+    kb_id text NOT NULL REFERENCES kbs(id) ON DELETE CASCADE,
+    chunk_id text NOT NULL,
+    model text NOT NULL,
+    text_hash text NOT NULL,
+    embedding vector NOT NULL,
+    PRIMARY KEY (kb_id, chunk_id)
+);
+"""),
 )
 
 

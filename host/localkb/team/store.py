@@ -533,6 +533,84 @@ class TeamKnowledgeBase(KnowledgeBaseHandle):
                 self._upsert_chunks(conn, new_sid[old_sid], titles[old_sid], level, rows, now=now)
             self._bump(conn)
 
+    # -- re-embedding (ingest/reembed.py), administrators only -------------------------------
+    @contextmanager
+    def _conn(self):
+        """The connection of ``writers_paused`` while it is open (its transaction), else a pooled one."""
+        held = getattr(self, "_held", None)
+        if held is not None:
+            yield held
+            return
+        with self.db.tx() as conn:
+            yield conn
+
+    def staged_count(self) -> int:
+        with self._conn() as conn:
+            return conn.execute("SELECT count(*) AS n FROM reembed_staging WHERE kb_id = %s",
+                                (self.id,)).fetchone()["n"]
+
+    def clear_staging(self, keep_model: str | None) -> None:
+        require_admin(self.store.access)
+        with self._conn() as conn:
+            conn.execute("DELETE FROM reembed_staging WHERE kb_id = %s AND model <> %s",
+                         (self.id, keep_model or ""))
+
+    def reembed_missing(self, model: str) -> list[str]:
+        with self._conn() as conn:
+            return [r["id"] for r in conn.execute(
+                "SELECT c.id FROM chunks c LEFT JOIN reembed_staging r ON r.kb_id = c.kb_id "
+                "AND r.chunk_id = c.id AND r.model = %s AND r.text_hash = c.text_hash "
+                "WHERE c.kb_id = %s AND r.chunk_id IS NULL ORDER BY c.id", (model, self.id))]
+
+    def chunk_texts(self, ids: Sequence[str]) -> list[dict]:
+        with self._conn() as conn:
+            return conn.execute(
+                "SELECT c.id, c.text, c.text_hash, s.title FROM chunks c JOIN sources s "
+                "ON s.id = c.source_id WHERE c.kb_id = %s AND c.id = ANY(%s)",
+                (self.id, list(ids))).fetchall()
+
+    def stage_vectors(self, model: str, rows) -> None:
+        require_admin(self.store.access)
+        with self._conn() as conn, conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO reembed_staging (kb_id, chunk_id, model, text_hash, embedding) "
+                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (kb_id, chunk_id) DO UPDATE SET "
+                "model = excluded.model, text_hash = excluded.text_hash, embedding = excluded.embedding",
+                [(self.id, cid, model, h, np.asarray(v, np.float32)) for cid, h, v in rows])
+
+    @contextmanager
+    def writers_paused(self):
+        """One transaction holding this knowledge base's row lock: every writer waits for it."""
+        require_admin(self.store.access)
+        with self.db.tx() as conn:
+            self._lock(conn)
+            self._held = conn
+            try:
+                yield
+            finally:
+                self._held = None
+
+    def switch_model(self, model: str, dim: int) -> int:
+        require_admin(self.store.access)
+        with self._conn() as conn:
+            self._lock(conn)
+            left = conn.execute(
+                "SELECT count(*) AS n FROM chunks c LEFT JOIN reembed_staging r ON r.kb_id = c.kb_id "
+                "AND r.chunk_id = c.id AND r.model = %s AND r.text_hash = c.text_hash "
+                "WHERE c.kb_id = %s AND r.chunk_id IS NULL", (model, self.id)).fetchone()["n"]
+            if left:
+                raise EmbeddingUnavailable(f"{left} chunks have no {model} vector; nothing was switched")
+            conn.execute("UPDATE chunks c SET embedding = r.embedding, dim = %s FROM reembed_staging r "
+                         "WHERE r.kb_id = c.kb_id AND r.chunk_id = c.id AND c.kb_id = %s", (dim, self.id))
+            conn.execute("UPDATE kbs SET model = %s, dim = %s, generation = generation + 1 WHERE id = %s",
+                         (model, dim, self.id))
+            conn.execute("DELETE FROM reembed_staging WHERE kb_id = %s", (self.id,))
+            row = conn.execute("SELECT generation FROM kbs WHERE id = %s", (self.id,)).fetchone()
+            return row["generation"]
+
+    def after_switch(self, old_model: str) -> None:
+        self.store._ensure_vector_index(self.store.models.spec(self.store.resolve(self.id).model).dim)
+
 
 class TeamLegs(Legs):
     """The two legs over one knowledge base, every statement filtered by ``kb_id`` and level.
