@@ -382,6 +382,46 @@ def test_an_unreachable_team_is_unavailable_never_empty(team, tmp_path, settings
     lib.local.close()
 
 
+def test_a_team_database_that_goes_away_makes_searches_unavailable(team, team_db_url, pg_cluster):
+    import psycopg
+
+    with team.client("alice") as alice:
+        assert alice.search([team.kb.id], "holiday days")["hits"]
+        name = psycopg.conninfo.conninfo_to_dict(team_db_url)["dbname"]
+        with psycopg.connect(pg_cluster.url("postgres"), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')  # every connection is cut
+        with pytest.raises(TeamUnavailable):
+            alice.search([team.kb.id], "holiday days")
+        health = alice.health()
+        assert health["database"]["ok"] is False and health["database"]["error"]["code"] == "team_unavailable"
+
+
+def test_an_awkb_file_goes_to_a_team_and_back(team, tmp_path, settings):
+    from localkb.ingest.extract import extract_text
+    from localkb.ingest.pipeline import add_document
+
+    home = tmp_path / "root"
+    store = Store(Settings_for(home, settings))
+    store.create_kb("Mine")
+    add_document(store.open_kb("Mine"), extract_text("The boiler is serviced every October.",
+                                                     title="Boiler"), key="boiler")
+    store.close()
+    attach(home, team.url, team.tokens["root"], name="acme")
+    assert run_cli(["export", "Mine", "-o", str(tmp_path / "mine.awkb")], home).returncode == 0
+    done = run_cli(["import", str(tmp_path / "mine.awkb"), "--team", "acme", "--name", "Boilers",
+                    "--access", "confidential", "--json"], home)
+    assert done.returncode == 0, done.stderr
+    res = json.loads(done.stdout)
+    assert res["chunks"] == 1 and res["access"] == "confidential"
+    with team.client("root") as root:
+        rows = root.sources(res["knowledge_base"]["id"])["sources"]
+        assert [(r["title"], r["access"]) for r in rows] == [("Boiler", "confidential")]
+    out = run_cli(["export", "acme/Boilers", "-o", str(tmp_path / "back.awkb"), "--json"], home)
+    assert out.returncode == 0 and json.loads(out.stdout)["chunks"] == 1
+    back = run_cli(["import", str(tmp_path / "back.awkb"), "--name", "Back"], home)
+    assert back.returncode == 0 and "1 chunks" in back.stdout
+
+
 def test_the_privacy_gate_applies_to_team_knowledge_bases(team, tmp_path, settings):
     from localkb.answer.llm import Endpoint
 

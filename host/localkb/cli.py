@@ -821,6 +821,33 @@ def _team_export(kb, output: str, passphrase: str | None, out: Out) -> int:
     return 0
 
 
+def _team_import(args, out: Out, store, passphrase: str | None) -> int:
+    """An .awkb file as a new team knowledge base (team administrators), decrypted here first."""
+    import io
+    import os
+
+    from localkb.errors import NotFound
+    from localkb.portable import envelope
+    from localkb.team.attached import load_attachments
+
+    team = next((t for t in load_attachments(store.root) if t.name.lower() == args.team.lower()), None)
+    if team is None:
+        raise NotFound(f"no team named {args.team!r} is attached (localkb team list)")
+    with open(args.file, "rb") as fh:
+        if passphrase is not None:
+            plain = io.BytesIO()
+            envelope.open_envelope(fh, plain, passphrase, size=os.fstat(fh.fileno()).st_size)
+            raw = plain.getvalue()
+        else:
+            raw = fh.read()
+    with team.client() as client:
+        res = client.import_(raw, name=args.name, access=args.access)
+    kb = res["knowledge_base"]
+    out.emit(res, f"imported {kb['name']} ({kb['id']}) into team {team.name}: {res['sources']} sources, "
+             f"{res['chunks']} chunks, access {res['access']}")
+    return 0
+
+
 def cmd_import(args, out: Out) -> int:
     from localkb.errors import InvalidInput
     from localkb.portable.archive import import_kb, is_encrypted
@@ -831,6 +858,8 @@ def cmd_import(args, out: Out) -> int:
     except OSError as err:
         raise InvalidInput(f"cannot read {args.file}: {err.strerror}") from err
     passphrase = _passphrase(confirm=False) if encrypted else None
+    if args.team:
+        return _team_import(args, out, store, passphrase)
     progress, done = _stage_bar(out)
     try:
         report = import_kb(store, args.file, name=args.name, passphrase=passphrase, progress=progress)
@@ -1019,6 +1048,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("file")
     c.add_argument("--name", help="name of the new knowledge base (default: the one in the file, "
                    "made unique)")
+    c.add_argument("--team", default=None, help="import into this attached team's server instead "
+                                                "(team administrators)")
+    c.add_argument("--access", default=None, help="with --team: the access level of every source")
     c.set_defaults(func=cmd_import)
     from localkb.team.cli import add_parser as add_team_parser
 

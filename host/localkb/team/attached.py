@@ -60,8 +60,12 @@ class Attachment:
     attached_at: float = 0.0
     listed_at: float = 0.0
 
-    def client(self) -> TeamClient:
-        return TeamClient(self.url, self.token, name=self.name)
+    def client(self, *, quick: bool = False) -> TeamClient:
+        """``quick``: for listings (the side panel waits on them): a few seconds, not minutes."""
+        import httpx
+
+        timeout = httpx.Timeout(10.0, connect=3.0) if quick else None
+        return TeamClient(self.url, self.token, name=self.name, **({"timeout": timeout} if quick else {}))
 
     def public(self) -> dict:
         return {"name": self.name, "url": self.url, "attached_at": self.attached_at,
@@ -201,7 +205,7 @@ class Library(KnowledgeStore):
         changed = False
         for team in self.teams:
             try:
-                with team.client() as client:
+                with team.client(quick=True) as client:
                     team.kbs = client.kbs()
                 team.listed_at = time.time()
                 changed = True
@@ -219,11 +223,23 @@ class Library(KnowledgeStore):
         return next(t for t in self.teams if t.name == rec.team)
 
     def resolve(self, ref: str) -> KBRecord:
-        """Local first (ids, then names); then a team knowledge base by id, ``Team/Name`` or a unique name."""
+        """Local first (ids, then names); then a team knowledge base by id, ``Team/Name`` or a unique name.
+
+        A name no listing knows yet asks the teams once for a fresh one (granted meanwhile).
+        """
         try:
             return self.local.resolve(ref)
         except KnowledgeBaseNotFound:
             pass
+        try:
+            return self._resolve_team(ref)
+        except KnowledgeBaseNotFound:
+            if not self.teams:
+                raise
+        self.refresh()
+        return self._resolve_team(ref)
+
+    def _resolve_team(self, ref: str) -> TeamRecord:
         records = self._team_records()
         for rec in records:
             if rec.id == ref:
@@ -264,7 +280,7 @@ class Library(KnowledgeStore):
         if not isinstance(rec, TeamRecord):
             return self.local.generation(kb_id)
         try:
-            with self._team_of(rec).client() as client:
+            with self._team_of(rec).client(quick=True) as client:
                 fresh = {k["id"]: k for k in client.kbs()}
         except LocalKBError:
             return None  # unknown: a cache key with None never matches a fresh one

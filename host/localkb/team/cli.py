@@ -102,7 +102,12 @@ def _system_store(db):
 
 # -- serve ------------------------------------------------------------------------------
 def cmd_serve(args, out) -> int:
+    import logging
+
     from localkb.team.server import serve
+
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -133,6 +133,10 @@ class EmbeddedPostgres:
                 raise TeamUnavailable(f"the embedded PostgreSQL did not start: {done.stderr.strip()} "
                                       f"{self._log_tail()}")
             self.started = True
+        elif self._lock_fd is not None:
+            # Running, and we hold serve.lock: a server that held it before was killed and left
+            # its cluster behind. It is ours now, to stop when we are done.
+            self.started = True
         self._ensure_database()
         return self.url()
 

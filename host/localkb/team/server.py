@@ -68,6 +68,8 @@ MAX_JSON_BYTES = 64 * 1024 * 1024 + 1024 * 1024  # a 64 MiB page plus its envelo
 MAX_TEXT = 64 * 1024 * 1024
 MAX_IMPORT_BYTES = 512 * 1024 * 1024
 SOCKET_TIMEOUT_S = 120
+#: On SIGTERM, how long requests already being answered get to finish before the pool closes.
+DRAIN_SECONDS = 60
 _ID = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
 
 STATUS = {
@@ -382,6 +384,15 @@ def _handler_class(api: TeamAPI):
             return data
 
         def _handle(self) -> None:
+            with self.server.inflight_lock:
+                self.server.inflight += 1
+            try:
+                self._handle_one()
+            finally:
+                with self.server.inflight_lock:
+                    self.server.inflight -= 1
+
+        def _handle_one(self) -> None:
             self._body_read = False
             started = time.perf_counter()
             split = urlsplit(self.path)
@@ -449,7 +460,19 @@ class TeamServer(ThreadingHTTPServer):
 
     def __init__(self, api: TeamAPI, host: str = "127.0.0.1", port: int = 8765) -> None:
         self.api = api
+        self.inflight = 0
+        self.inflight_lock = threading.Lock()
         super().__init__((host, port), _handler_class(api))
+
+    def drain(self, timeout: float = DRAIN_SECONDS) -> int:
+        """After ``shutdown``: wait for requests already being answered; how many were still running."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            with self.inflight_lock:
+                if self.inflight == 0:
+                    return 0
+            time.sleep(0.05)
+        return self.inflight
 
     @property
     def url(self) -> str:
@@ -481,7 +504,11 @@ def serve(db_url: str | None, *, team_dir, host: str, port: int, name: str, sett
             if ready is not None:
                 ready(httpd.url)
             (stop or threading.Event()).wait()
-            httpd.shutdown()
+            httpd.shutdown()  # no new requests; those being answered finish (their writes commit)
+            left = httpd.drain()
+            if left:
+                log.warning("%d requests were still running after %d s; their transactions roll back",
+                            left, DRAIN_SECONDS)
             httpd.server_close()
         finally:
             db.close()

@@ -728,7 +728,9 @@ class TeamLegs(Legs):
                 "(cardinality(u.positions) + %(k1)s * (1.0 - %(b)s + %(b)s * cand.kw_len / %(avg)s))) "
                 "AS score, "
                 "array_agg(u.lexeme) AS matched "
-                "FROM cand CROSS JOIN LATERAL unnest(cand.tsv) AS u(lexeme, positions, weights) "
+                # Only the query's lexemes are unnested: setweight marks them A, ts_filter keeps them.
+                "FROM cand CROSS JOIN LATERAL unnest(ts_filter(setweight(cand.tsv, 'A', %(terms)s::text[]), "
+                "'{a}')) AS u(lexeme, positions, weights) "
                 "JOIN w ON w.term = u.lexeme GROUP BY cand.id ORDER BY score DESC, cand.id LIMIT %(n)s",
                 {"terms": terms, "idf": idf, "kb": self.kb_id, "lvl": self.level, "q": any_term,
                  "k1": BM25_K1, "b": BM25_B, "avg": max(avgdl, 1e-9), "n": count}).fetchall()
