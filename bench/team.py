@@ -102,11 +102,11 @@ def fill(kb, data: list[tuple[str, str]], vecs: np.ndarray, levels: np.ndarray |
     return time.perf_counter() - t0
 
 
-def timed(searcher: Searcher, kb: str, queries: list[str]) -> list[float]:
+def timed(searcher: Searcher, kb: str, queries: list[str], mode: str = "hybrid") -> list[float]:
     out = []
     for q in queries:
         t0 = time.perf_counter()
-        searcher.search([kb], q, k=10, mode="hybrid")
+        searcher.search([kb], q, k=10, mode=mode)
         out.append((time.perf_counter() - t0) * 1000)
     return out
 
@@ -150,21 +150,22 @@ def bench_size(n: int, *, rounds: int, queries: list[str], db_url: str | None, s
             ts, ls = Searcher(viewer), Searcher(local)
             timed(ts, rec.id, queries[:10])  # warm both: model, caches, index pages
             timed(ls, "bench", queries[:10])
-            rows = []
-            for r in range(rounds):
-                t = timed(ts, rec.id, queries)
-                loc = timed(ls, "bench", queries)
-                rows.append((pct(t, 0.5), pct(t, 0.95), pct(loc, 0.5), pct(loc, 0.95)))
-                print(f"  round {r + 1}: team p50 {rows[-1][0]:7.1f} ms p95 {rows[-1][1]:7.1f} ms | "
-                      f"local p50 {rows[-1][2]:7.1f} ms p95 {rows[-1][3]:7.1f} ms")
+            for mode in ("hybrid", "keyword"):
+                rows = []
+                for r in range(rounds):
+                    t = timed(ts, rec.id, queries, mode)
+                    loc = timed(ls, "bench", queries, mode)
+                    rows.append((pct(t, 0.5), pct(t, 0.95), pct(loc, 0.5), pct(loc, 0.95)))
+                    print(f"  {mode} round {r + 1}: team p50 {rows[-1][0]:7.1f} ms p95 {rows[-1][1]:7.1f} ms"
+                          f" | local p50 {rows[-1][2]:7.1f} ms p95 {rows[-1][3]:7.1f} ms")
+                for name, col in (("team p50", 0), ("team p95", 1), ("local p50", 2), ("local p95", 3)):
+                    vals = [row[col] for row in rows]
+                    print(f"  {mode} {name:10} min {min(vals):7.1f}  median {statistics.median(vals):7.1f}  "
+                          f"max {max(vals):7.1f} ms")
+                ratio = statistics.median(r[0] / r[2] for r in rows)
+                print(f"  {mode}: team / local p50 (median of rounds) {ratio:.2f}x")
             res = ts.search([rec.id], queries[0], k=10)
-            path = res.trace["kbs"][rec.id].get("vector_path")
-            for name, col in (("team p50", 0), ("team p95", 1), ("local p50", 2), ("local p95", 3)):
-                vals = [row[col] for row in rows]
-                print(f"  {name:10} min {min(vals):7.1f}  median {statistics.median(vals):7.1f}  "
-                      f"max {max(vals):7.1f} ms")
-            ratio = statistics.median(r[0] / r[2] for r in rows)
-            print(f"  team / local p50 (median of rounds): {ratio:.2f}x; team vector path: {path}")
+            print(f"  team vector path: {res.trace['kbs'][rec.id].get('vector_path')}")
         local.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -16,16 +16,7 @@ from localkb.ingest.extract import extract_text
 from localkb.ingest.pipeline import add_document
 from localkb.retrieval.search import Searcher, status_line
 from localkb.store.kb import Store
-
-PAGES = {
-    "err4521": ("ERR_4521 disk full",
-                "ERR_4521 is raised when the local disk is full. Free space, then retry."),
-    "err4512": ("ERR_4512 network", "ERR_4512 is raised when the server cannot be reached. Check the proxy."),
-    "v23": ("Release v2.3", "Version v2.3 added offline mode for documents opened recently."),
-    "v32": ("Release v3.2", "Version v3.2 removed the legacy sync API."),
-    "sku": ("SKU-88-A widget", "The SKU-88-A blue widget has a two-year warranty."),
-    "mail": ("Mail relay", "Outgoing e-mail goes through the relay on port 587."),
-}
+from test_search import PAGES
 
 
 @pytest.fixture(params=["local", "team"])
