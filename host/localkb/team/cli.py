@@ -113,6 +113,10 @@ def cmd_serve(args, out) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
 
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"localkb team: listening on {args.host} over plain HTTP: tokens and passages cross the "
+              "network in the clear unless a TLS proxy sits in front", file=sys.stderr)
+
     def ready(url: str) -> None:
         where = "the PostgreSQL at --db" if args.db else f"the embedded PostgreSQL in {_team_dir(args)}"
         print(f"localkb team server {args.name!r} listening on {url} (database: {where})", flush=True)

@@ -147,6 +147,8 @@ class TeamAPI:
         self.system = TeamStore(db, settings, Access.system())
         self.max_import_bytes = max_import_bytes
         self.max_json_bytes = max_json_bytes
+        #: The cross-encoder for the top 50 (``retrieval.search.Reranker``); None: no rerank stage.
+        self.reranker = None
         self.routes: list[tuple[str, tuple[str, ...], Callable[..., Any], bool]] = [
             ("GET", ("v1", "health"), self.health, False),
             ("GET", ("v1", "me"), self.me, True),
@@ -240,10 +242,11 @@ class TeamAPI:
                                    or not -1.0 <= cutoff <= 1.0):
             raise InvalidInput("'cutoff' must be a number from -1 to 1", detail={"field": "cutoff"})
         floor = req_bool(data, "floor", True)
-        res = Searcher(self.store(req)).search(
+        res = Searcher(self.store(req), reranker=self.reranker).search(
             req_kbs(data), req_str(data, "query", max_len=4000), k=req_int(data, "k", 8, lo=1, hi=100),
             mode=req_str(data, "mode", required=False, max_len=20) or "hybrid", cutoff=cutoff,
-            floor=floor, per_source=req_int(data, "per_source", 0, lo=0, hi=100) or None)
+            floor=floor, per_source=req_int(data, "per_source", 0, lo=0, hi=100) or None,
+            rerank=self.reranker is not None)
         out = res.to_dict()
         if req_bool(data, "include_weaker"):
             out["hits"] = out["hits"] + out["weaker"]
