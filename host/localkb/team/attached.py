@@ -19,14 +19,16 @@ import re
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localkb.atomic import read_json, write_json
 from localkb.errors import Forbidden, InvalidInput, KnowledgeBaseNotFound, LocalKBError, NotFound
 from localkb.store.base import KnowledgeStore
 from localkb.store.catalog import KBRecord
-from localkb.store.kb import Store
-from localkb.team.client import TeamClient
+
+if TYPE_CHECKING:  # the host's cold-start ``status`` reads attachments without numpy or httpx
+    from localkb.store.kb import Store
+    from localkb.team.client import TeamClient
 
 TEAMS_FILE = "teams.json"
 _TEAM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")
@@ -64,6 +66,8 @@ class Attachment:
         """``quick``: for listings (the side panel waits on them): a few seconds, not minutes."""
         import httpx
 
+        from localkb.team.client import TeamClient
+
         timeout = httpx.Timeout(10.0, connect=3.0) if quick else None
         return TeamClient(self.url, self.token, name=self.name, **({"timeout": timeout} if quick else {}))
 
@@ -96,6 +100,8 @@ def attach(data_dir: Path, url: str, token: str, *, name: str | None = None) -> 
     """Check the URL and token against the server, then remember them (replacing the same name)."""
     if not isinstance(url, str) or not re.match(r"^https?://[^\s/]+", url):
         raise InvalidInput("the team server URL must start with http:// or https://")
+    from localkb.team.client import TeamClient
+
     token = (token or "").strip()
     if not token:
         raise InvalidInput("no token given (pipe it in with --token-stdin)")
