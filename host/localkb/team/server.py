@@ -70,7 +70,6 @@ MAX_IMPORT_BYTES = 512 * 1024 * 1024
 SOCKET_TIMEOUT_S = 120
 #: On SIGTERM, how long requests already being answered get to finish before the pool closes.
 DRAIN_SECONDS = 60
-_ID = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
 
 STATUS = {
     "invalid_input": 400, "invalid_document": 400, "invalid_archive": 400, "protocol_error": 400,
