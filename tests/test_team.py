@@ -579,3 +579,26 @@ def test_readme_documents_the_team_server():
                   "localkb team role add", "localkb team grant", "localkb team token create",
                   "localkb team attach"):
         assert words in readme, words
+
+
+def test_teams_file_survives_concurrent_listings(tmp_path):
+    """The host answers kb.list on several threads; each may rewrite teams.json (it once raced)."""
+    from localkb.team.attached import Attachment, load_attachments, save_attachments
+
+    errors = []
+
+    def writer(n: int) -> None:
+        try:
+            for j in range(30):
+                listing = [{"n": n, "j": j}]
+                save_attachments(tmp_path, [Attachment("acme", "http://127.0.0.1:1", "lkt_x", listing)])
+        except Exception as err:
+            errors.append(repr(err))
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == [] and load_attachments(tmp_path)[0].name == "acme"
+    assert (tmp_path / "teams.json").stat().st_mode & 0o777 == 0o600

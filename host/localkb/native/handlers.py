@@ -182,7 +182,7 @@ def h_kb_list(data: dict, ctx) -> dict:
     teams = library.refresh()
     out = [{**r.public(), **library.counts(r.id), "origin": "local"} for r in library.local.kbs()]
     down = {t["team"]: t["error"] for t in teams if not t["ok"]}
-    for r in library.kbs()[len(out):]:
+    for r in library.team_records():
         entry = {**r.public(), **library.counts(r.id)}
         if r.team in down:
             entry["unavailable"] = down[r.team]

@@ -16,6 +16,7 @@ never ``empty``, never "nothing found" — and the last listing keeps it visible
 from __future__ import annotations
 
 import re
+import threading
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -31,6 +32,8 @@ if TYPE_CHECKING:  # the host's cold-start ``status`` reads attachments without 
     from localkb.team.client import TeamClient
 
 TEAMS_FILE = "teams.json"
+# One writer of teams.json at a time in this process (the host answers kb.list on several threads).
+_SAVE_LOCK = threading.Lock()
 _TEAM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")
 
 
@@ -90,10 +93,11 @@ def load_attachments(data_dir: Path) -> list[Attachment]:
 
 def save_attachments(data_dir: Path, teams: list[Attachment]) -> None:
     Path(data_dir).mkdir(parents=True, exist_ok=True)
-    write_json(Path(data_dir) / TEAMS_FILE,
-               {"teams": [{"name": t.name, "url": t.url, "token": t.token, "kbs": t.kbs,
-                           "attached_at": t.attached_at, "listed_at": t.listed_at} for t in teams]},
-               mode=0o600)
+    with _SAVE_LOCK:
+        write_json(Path(data_dir) / TEAMS_FILE,
+                   {"teams": [{"name": t.name, "url": t.url, "token": t.token, "kbs": t.kbs,
+                               "attached_at": t.attached_at, "listed_at": t.listed_at} for t in teams]},
+                   mode=0o600)
 
 
 def attach(data_dir: Path, url: str, token: str, *, name: str | None = None) -> dict:
@@ -199,7 +203,7 @@ class Library(KnowledgeStore):
         self.teams = load_attachments(store.root)
 
     # -- listing ----------------------------------------------------------------------------
-    def _team_records(self) -> list[TeamRecord]:
+    def team_records(self) -> list[TeamRecord]:
         return [_record(t.name, k) for t in self.teams for k in t.kbs]
 
     def refresh(self) -> list[dict]:
@@ -212,9 +216,10 @@ class Library(KnowledgeStore):
         for team in self.teams:
             try:
                 with team.client(quick=True) as client:
-                    team.kbs = client.kbs()
+                    fresh = client.kbs()
                 team.listed_at = time.time()
-                changed = True
+                changed = changed or fresh != team.kbs
+                team.kbs = fresh
                 out.append({"team": team.name, "ok": True})
             except LocalKBError as err:
                 out.append({"team": team.name, "ok": False, "error": err.to_dict()})
@@ -223,7 +228,7 @@ class Library(KnowledgeStore):
         return out
 
     def kbs(self) -> list[KBRecord]:
-        return [*self.local.kbs(), *self._team_records()]
+        return [*self.local.kbs(), *self.team_records()]
 
     def _team_of(self, rec: TeamRecord) -> Attachment:
         return next(t for t in self.teams if t.name == rec.team)
@@ -246,7 +251,7 @@ class Library(KnowledgeStore):
         return self._resolve_team(ref)
 
     def _resolve_team(self, ref: str) -> TeamRecord:
-        records = self._team_records()
+        records = self.team_records()
         for rec in records:
             if rec.id == ref:
                 return rec
@@ -264,7 +269,7 @@ class Library(KnowledgeStore):
         rec = self.local.record(kb_id)
         if rec is not None:
             return rec
-        return next((r for r in self._team_records() if r.id == kb_id), None)
+        return next((r for r in self.team_records() if r.id == kb_id), None)
 
     def create_kb(self, name: str, *, privacy: str = "device", model: str | None = None) -> KBRecord:
         return self.local.create_kb(name, privacy=privacy, model=model)
