@@ -70,15 +70,20 @@ def test_side_panel_lists_and_answers_from_a_team_knowledge_base(team_server, tm
         assert [(k["name"], k["origin"], k["team"]) for k in listed] == [("Handbook", "team", "acme")]
         panel = browser.open("sidepanel.html")
         panel.wait_for_selector('body[data-ready="true"]')
+        panel.click("#new-chat")
+        if panel.locator("#kb-popover").is_hidden():
+            panel.click("#kb-button")
         option = panel.locator("#kb-list .kb-option").filter(has_text="Handbook")
         option.wait_for()
-        box = option.locator("input[type=checkbox]")
-        if not box.is_checked():
-            box.check()
+        option.locator("input").set_checked(True)
+        panel.keyboard.press("Escape")
         panel.fill("#question", "How many days of paid holiday do staff get?")
         panel.press("#question", "Enter")
         answer = panel.locator(".turn-assistant").last
         answer.locator(".answer-meta").wait_for()
+        details = answer.locator("details.diag")
+        if details.count() and details.get_attribute("open") is None:
+            details.locator("summary").click()
         steps = answer.locator(".step .text").all_inner_texts()
         assert "Handbook · 1 passage" in steps, steps
         assert "25 days" in answer.inner_text()
