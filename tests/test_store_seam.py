@@ -13,7 +13,7 @@ import pytest
 
 from localkb.errors import EmbeddingUnavailable, IndexUnavailable
 from localkb.ingest.extract import extract_text
-from localkb.ingest.pipeline import add_document
+from localkb.ingest.seam import add_document
 from localkb.retrieval.search import Searcher, status_line
 from localkb.store.kb import Store
 from test_search import PAGES

@@ -398,7 +398,7 @@ def test_a_team_database_that_goes_away_makes_searches_unavailable(team, team_db
 
 def test_an_awkb_file_goes_to_a_team_and_back(team, tmp_path, settings):
     from localkb.ingest.extract import extract_text
-    from localkb.ingest.pipeline import add_document
+    from localkb.ingest.seam import add_document
 
     home = tmp_path / "root"
     store = Store(Settings_for(home, settings))

@@ -762,7 +762,9 @@ def cmd_export(args, out: Out) -> int:
 
     from localkb.portable.archive import export_to_file
 
-    kb = _library(args).open_kb(args.kb)
+    library = _library(args)
+    store = library.local
+    kb = library.open_kb(args.kb)
     passphrase = _passphrase(confirm=True) if args.encrypt else None
     if getattr(kb, "remote", False):
         return _team_export(kb, args.output, passphrase, out)

@@ -148,8 +148,14 @@ def run_eval(path: str | Path, *, modes: Sequence[str] = ("vector", "keyword", "
             kb = store.open_kb("eval")
             t0 = time.perf_counter()
             jobs = [(doc_id, _loader(doc_id, d)) for doc_id, d in corpus.items()]
-            reports = ingest_documents(kb, jobs, captured_by="api", progress=progress,
-                                       batch_tokens=262_144)
+            if given is None:
+                reports = ingest_documents(kb, jobs, captured_by="api", progress=progress,
+                                           batch_tokens=262_144)
+            else:  # another store of the seam: its writer (ingest.seam), the same passages
+                from localkb.ingest.seam import ingest_documents as ingest_through_seam
+
+                reports = ingest_through_seam(kb, jobs, captured_by="api", progress=progress,
+                                              batch_tokens=262_144)
             index_s = time.perf_counter() - t0
             failed = [r.name for r in reports if r.status == "failed"]
             sid_to_doc = {r.source_id: r.name for r in reports if r.source_id}

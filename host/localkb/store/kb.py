@@ -360,7 +360,7 @@ class KnowledgeBase(KnowledgeBaseHandle):
             for start in range(0, len(group), APPLY_SLICE):
                 part = group[start : start + APPLY_SLICE]
                 marks = ",".join("?" * len(part))
-                present = {r[0] for r in db.execute(f"SELECT id FROM chunks WHERE id IN ({marks})",  # noqa: S608
+                present = {r[0] for r in db.execute(f"SELECT id FROM chunks WHERE id IN ({marks})",
                                                     [c for c, _ in part])}
                 gone += [(c, k) for c, k in part if c not in present]
             if vi is not None:

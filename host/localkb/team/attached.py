@@ -333,7 +333,8 @@ def upload_items(kb: RemoteKB, items: list[str], *, settings, include=(), exclud
     """
     import base64
 
-    from localkb.ingest.pipeline import IngestReport, SourceReport, fetch_url, walk_folder
+    from localkb.ingest.files import walk_folder
+    from localkb.ingest.pipeline import IngestReport, SourceReport, fetch_url
 
     jobs: list[tuple[str, Any]] = []
     failed: list[SourceReport] = []
@@ -343,8 +344,10 @@ def upload_items(kb: RemoteKB, items: list[str], *, settings, include=(), exclud
             continue
         path = Path(item).expanduser()
         if path.is_dir():
-            found = list(walk_folder(path, include, exclude))
+            walk = walk_folder(path, include, exclude, max_bytes=settings.max_source_bytes)
+            found = [p for p, _size in walk.files]
             jobs += [(str(p), p) for p in found]
+            failed += [SourceReport(str(p), "skipped", reason=why) for p, why in walk.skipped]
             if not found:
                 failed.append(SourceReport(item, "failed", error={
                     "code": "invalid_input", "message": "the folder has no files to add"}))
