@@ -419,7 +419,7 @@ def test_an_awkb_file_goes_to_a_team_and_back(team, tmp_path, settings):
     out = run_cli(["export", "acme/Boilers", "-o", str(tmp_path / "back.awkb"), "--json"], home)
     assert out.returncode == 0 and json.loads(out.stdout)["chunks"] == 1
     back = run_cli(["import", str(tmp_path / "back.awkb"), "--name", "Back"], home)
-    assert back.returncode == 0 and "1 chunks" in back.stdout
+    assert back.returncode == 0 and "1 source, 1 chunk" in back.stdout
 
 
 def test_the_privacy_gate_applies_to_team_knowledge_bases(team, tmp_path, settings):
