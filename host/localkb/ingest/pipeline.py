@@ -1230,12 +1230,13 @@ def canonical_key(url: str) -> str:
     return url.split("#", 1)[0]
 
 
-def add_capture(kb: KnowledgeBase, *, url: str | None, title: str | None = None,
-                html: str | None = None, text: str | None = None, pdf: bytes | None = None,
-                captured_by: str = "api", canonical_url: str | None = None, lang: str | None = None,
-                progress: Progress | None = None, check_cancelled: CancelCheck | None = None,
-                ) -> SourceReport:
-    """A page handed over by the extension (rendered HTML, plain text or PDF bytes)."""
+def capture_document(kb, *, url: str | None, title: str | None = None, html: str | None = None,
+                     text: str | None = None, pdf: bytes | None = None, canonical_url: str | None = None,
+                     lang: str | None = None, progress: Progress | None = None) -> tuple[Document, str]:
+    """The document and source key of a page handed over as rendered HTML, plain text or PDF bytes.
+
+    Any store's knowledge base (``store.base``): the team store's writer uses it too.
+    """
     given = [x for x in (html, text, pdf) if x is not None]
     if len(given) != 1:
         raise InvalidInput("give exactly one of html, text or pdf")
@@ -1258,6 +1259,17 @@ def add_capture(kb: KnowledgeBase, *, url: str | None, title: str | None = None,
     if lang and not doc.lang:
         doc.lang = lang
     key = canonical_key(page_url) if page_url else "text:" + hashlib.sha256(doc.text.encode()).hexdigest()
+    return doc, key
+
+
+def add_capture(kb: KnowledgeBase, *, url: str | None, title: str | None = None,
+                html: str | None = None, text: str | None = None, pdf: bytes | None = None,
+                captured_by: str = "api", canonical_url: str | None = None, lang: str | None = None,
+                progress: Progress | None = None, check_cancelled: CancelCheck | None = None,
+                ) -> SourceReport:
+    """A page handed over by the extension (rendered HTML, plain text or PDF bytes)."""
+    doc, key = capture_document(kb, url=url, title=title, html=html, text=text, pdf=pdf,
+                                canonical_url=canonical_url, lang=lang, progress=progress)
     return add_document(kb, doc, key=key, captured_by=captured_by, progress=progress,
                         check_cancelled=check_cancelled)
 

@@ -11,7 +11,6 @@ The report type, content hash and source keys are the pipeline's own.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -26,8 +25,8 @@ from localkb.errors import (
     NothingWritten,
 )
 from localkb.ingest.chunk import Chunk, chunk_document, passage_text
-from localkb.ingest.extract import Document, extract_bytes, extract_html, extract_text
-from localkb.ingest.pipeline import CAPTURED_BY, SourceReport, _text_hash, canonical_key, content_hash
+from localkb.ingest.extract import Document
+from localkb.ingest.pipeline import CAPTURED_BY, SourceReport, _text_hash, capture_document, content_hash
 from localkb.store.base import ChunkWrite, KnowledgeBaseHandle, SourceWrite
 from localkb.store.catalog import chunk_id, source_id
 
@@ -277,26 +276,11 @@ def add_capture(kb: KnowledgeBase, *, url: str | None, title: str | None = None,
                 captured_by: str = "api", canonical_url: str | None = None, lang: str | None = None,
                 progress: Progress | None = None, check_cancelled: CancelCheck | None = None,
                 ) -> SourceReport:
-    """A page handed over by the extension (rendered HTML, plain text or PDF bytes)."""
-    given = [x for x in (html, text, pdf) if x is not None]
-    if len(given) != 1:
-        raise InvalidInput("give exactly one of html, text or pdf")
-    page_url = canonical_url or url
-    _emit(progress, stage="extract", done=0, total=1, source=page_url or title)
-    if pdf is not None:
-        doc = extract_bytes(pdf, name=page_url or "document.pdf", content_type="application/pdf",
-                            url=page_url, title=title)
-    elif html is not None:
-        doc = extract_html(html, url=page_url, title=title)
-    else:
-        doc = extract_text(text or "", title=title, url=page_url)
-    if lang and not doc.lang:
-        doc.lang = lang
-    key = canonical_key(page_url) if page_url else "text:" + hashlib.sha256(doc.text.encode()).hexdigest()
+    """A page handed over as rendered HTML, plain text or PDF bytes (the pipeline's extraction)."""
+    doc, key = capture_document(kb, url=url, title=title, html=html, text=text, pdf=pdf,
+                                canonical_url=canonical_url, lang=lang)
     return add_document(kb, doc, key=key, captured_by=captured_by, progress=progress,
                         check_cancelled=check_cancelled)
-
-
 
 
 def _failed(name: str, err: LocalKBError) -> SourceReport:
