@@ -70,6 +70,12 @@ def test_every_message_type_over_framed_bytes(tmp_path):
         assert found["statuses"][0]["status"] == "passages"
         assert found["statuses"][0]["line"].startswith("Docs · ")
         assert "ERR_7731" in found["hits"][0]["text"] and found["hits"][0]["kb_name"] == "Docs"
+        assert found["exact_terms"] == ["ERR_7731"] and found["statuses"][0]["missing_terms"] == []
+        twin = ok(host, 70, "search", {"kbs": ["Docs"], "query": "ERR_7137"})
+        st = twin["statuses"][0]
+        assert st["exact_terms"] == ["ERR_7137"] and st["missing_terms"] == ["ERR_7137"]
+        assert st["status"] != "passages" and twin["hits"] == []
+        assert st["line"].startswith('Docs · no passage mentions "ERR_7137"')
         pages = ok(host, 71, "search", {"kbs": ["Docs"], "query": "ERR_7731", "per_source": 1})
         assert len({h["source_id"] for h in pages["hits"]}) == len(pages["hits"]) == 1
         bad_ps = host.request({"id": 72, "type": "search",

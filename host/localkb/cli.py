@@ -393,6 +393,10 @@ def explain_table(res) -> str:
             name = next((s.kb_name for s in res.statuses if s.kb == kb_id), kb_id)
             lines.append(f"lists ({name}): " + ", ".join(
                 f"{n} {t['candidates'].get(n, 0)} at weight {w:g}" for n, w in t["weights"].items()))
+        if t.get("exact"):
+            name = next((s.kb_name for s in res.statuses if s.kb == kb_id), kb_id)
+            lines.append(f"exact terms ({name}): " + ", ".join(
+                f"{term} {how}" for term, how in t["exact"].items()))
     lines += [f"{'cos':>6} {'fused':>6} {'bm25':>7} {'terms':>5}  {'lists':15} {'':3} passage"]
     drawn = False
     for h in rows:
@@ -455,15 +459,19 @@ def cmd_doctor(args, out: Out) -> int:
 def cmd_eval(args, out: Out) -> int:
     from localkb.retrieval.evaluate import format_table, run_eval
 
+    kw = {"modes": args.modes, "model": args.model, "k": args.k, "rerank_model": args.rerank_model,
+          "limit_queries": args.limit_queries, "baseline": args.baseline, "split": args.split,
+          "index_dir": args.index_dir}
     if args.store == "team":
+        from localkb.errors import InvalidInput
         from localkb.team.cli import throwaway_team_store
 
+        if args.index_dir:
+            raise InvalidInput("--index-dir keeps a local index; it does not go with --store team")
         with throwaway_team_store(args.db) as store:
-            res = run_eval(args.path, modes=args.modes, model=args.model, k=args.k,
-                           rerank_model=args.rerank_model, limit_queries=args.limit_queries, store=store)
+            res = run_eval(args.path, store=store, **kw)
     else:
-        res = run_eval(args.path, modes=args.modes, model=args.model, k=args.k,
-                       rerank_model=args.rerank_model, limit_queries=args.limit_queries)
+        res = run_eval(args.path, **kw)
     out.emit(res, lambda: format_table(res))
     return 0
 
@@ -984,6 +992,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="team: the same eval on the PostgreSQL + pgvector store (a throw-away database)")
     c.add_argument("--db", default=None, help="with --store team: a PostgreSQL URL (default: an embedded "
                                               "cluster in a temporary folder)")
+    c.add_argument("--baseline", choices=["bm25"], default=None,
+                   help="also score plain BM25 over whole pages (rank-bm25, \\w+ tokens)")
+    c.add_argument("--split", default="test", help="the qrels file to score (qrels/SPLIT.tsv)")
+    c.add_argument("--index-dir", default=None,
+                   help="keep the index there; a later run on the same set reuses it")
     c.set_defaults(func=cmd_eval)
     c = sub.add_parser("log", parents=[common], help="the query log")
     c.add_argument("--limit", type=int, default=20)

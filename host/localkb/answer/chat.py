@@ -40,9 +40,9 @@ from localkb.answer.llm import DEFAULT_TIMEOUTS, Endpoint, Timeouts, ToolCall, s
 from localkb.answer.privacy import GateResult, allowed_knowledge_bases, endpoint_location
 from localkb.errors import Cancelled, InvalidInput, LLMUnavailable, LocalKBError
 from localkb.retrieval.search import Hit, KBStatus, Reranker, Searcher, names_phrase, summary_line
+from localkb.store.analysis import TOKEN_PATTERN, stopwords
 from localkb.store.base import KnowledgeStore as Store
 from localkb.store.catalog import KBRecord
-from localkb.store.keywords import TOKEN_PATTERN, stopwords
 
 #: What the model is told to say, and what the extractive path says, when the passages fall short.
 IDK = "I don't know from these documents"
@@ -598,15 +598,36 @@ def _quote(text: str) -> str:
     return text[:QUOTE_CHARS].rsplit(" ", 1)[0] + " …"
 
 
-def extractive_answer(passages: Sequence[Hit], why: str) -> tuple[str, list[int]]:
-    """The best passages quoted with their citations, labelled as not generated."""
+def _names(terms: Sequence[str]) -> str:
+    return " or ".join(f"“{t}”" for t in terms)
+
+
+def extractive_answer(passages: Sequence[Hit], why: str,
+                      missing: Sequence[str] = ()) -> tuple[str, list[int]]:
+    """The best passages quoted with their citations, labelled as not generated.
+
+    A passage that does not mention an exact term the question asks about says so after
+    its quote, and when no passage mentions it at all the answer starts by saying that.
+    """
     lines = [f"Not generated ({why}): the best-matching passages, quoted.", ""]
+    if missing:
+        lines = [f"Not generated ({why}). No passage mentions {_names(missing)}; "
+                 "the closest passages, quoted:", ""]
     used = []
     for n, hit in enumerate(passages[:EXTRACTIVE_QUOTES], start=1):
         page = f", page {hit.page}" if hit.page else ""
-        lines.append(f"[{n}] “{_quote(hit.text)}” — {hit.title} ({hit.kb_name}{page})")
+        lacks = f" — does not mention {_names(hit.missing_terms)}" if hit.missing_terms else ""
+        lines.append(f"[{n}] “{_quote(hit.text)}” — {hit.title} ({hit.kb_name}{page}){lacks}")
         used.append(n)
     return "\n".join(lines).rstrip(), used
+
+
+def _missing_everywhere(statuses: Sequence[KBStatus]) -> list[str]:
+    """Exact terms of the question that no searched knowledge base holds."""
+    searched = [s for s in statuses if s.status not in ("skipped", "unavailable")]
+    if not searched:
+        return []
+    return [t for t in searched[0].exact_terms if all(t in s.missing_terms for s in searched)]
 
 
 def _order(hit: Hit) -> tuple:
@@ -624,7 +645,9 @@ def _no_passages_answer(statuses: Sequence[KBStatus], use_weaker: bool) -> str:
                     "says nothing about what they hold.")
         return "No knowledge base could be searched for this model, so there is nothing to answer from."
     names = names_phrase([s.kb_name for s in searched])
-    text = f"{IDK}: nothing in {names} matches this question well enough."
+    missing = _missing_everywhere(statuses)
+    text = (f"{IDK}: no passage in {names} mentions {_names(missing)}." if missing
+            else f"{IDK}: nothing in {names} matches this question well enough.")
     if failed:
         text += (f" The search of {names_phrase(failed)} did not run, so this says nothing about "
                  f"what {'it holds' if len(failed) == 1 else 'they hold'}.")
@@ -851,6 +874,9 @@ def run_turn(
               f"holds ({s.message})." for s in unavailable]
     if any(not h.relevant for h in passages):
         notes.append("This reply includes weaker matches, below the relevance cut-off.")
+    missing = _missing_everywhere(statuses)
+    if missing:
+        notes.append(f"No passage mentions {_names(missing)}.")
 
     # -- answer ----------------------------------------------------------------------------
     generated = False
@@ -899,7 +925,7 @@ def run_turn(
             model_failed = True
             store.log_error("chat", err.code, str(err))
             notes.append(f"The model {endpoint.name} failed, so this answer is not generated: {err}")
-            answer, cited = extractive_answer(passages, f"the model {endpoint.name} failed")
+            answer, cited = extractive_answer(passages, f"the model {endpoint.name} failed", missing)
         generate_ms = _ms(t0)
         for call in calls:
             outcome = _run_tool(store, call, offered=tools_offered and bool(targets), targets=targets,
@@ -912,7 +938,7 @@ def run_turn(
         if generated and not answer.strip() and tool_calls:
             answer = " ".join(n for n in notes if ADD_TOOL in n or n.startswith("Saved "))
     elif passages:
-        answer, cited = extractive_answer(passages, options.no_model_reason)
+        answer, cited = extractive_answer(passages, options.no_model_reason, missing)
     else:
         answer = _no_passages_answer(statuses, options.use_weaker_matches or bool(weaker_ids))
     if removed:

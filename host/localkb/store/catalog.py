@@ -256,6 +256,18 @@ class Catalog:
             "SELECT idx, text, page FROM chunks WHERE source_id = ? AND idx BETWEEN ? AND ? "
             "ORDER BY idx", (source_id, idx - radius, idx + radius)).fetchall()
 
+    def sources_of(self, kb_id: str, chunk_ids: Iterable[str]) -> dict[str, str]:
+        """The source id of each of ``chunk_ids`` (those that exist)."""
+        ids = list(chunk_ids)
+        out: dict[str, str] = {}
+        for start in range(0, len(ids), 500):
+            part = ids[start : start + 500]
+            marks = ",".join("?" * len(part))
+            out.update(self.db.execute(
+                f"SELECT id, source_id FROM chunks WHERE kb_id = ? AND id IN ({marks})",
+                [kb_id, *part]).fetchall())
+        return out
+
     def hits_by_vkey(self, kb_id: str, vkeys: list[int]) -> dict[int, sqlite3.Row]:
         out: dict[int, sqlite3.Row] = {}
         for start in range(0, len(vkeys), 500):

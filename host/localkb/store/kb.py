@@ -733,6 +733,21 @@ class LocalLegs(Legs):
     def keyword(self, terms: list[str], count: int) -> list[KeywordHit]:
         return self.ki.search(terms, count)
 
+    def doc_count(self) -> int:
+        return self.ki.doc_count()
+
+    def doc_frequency(self, term: str) -> int:
+        return self.ki.doc_frequency(term)
+
+    def phrase(self, terms: Sequence[str], limit: int = 1000) -> list[str]:
+        return self.ki.phrase(tuple(terms), limit)
+
+    def chunks_with(self, term: str, limit: int = 20_000) -> list[str]:
+        return self.ki.chunks_with(term, limit)
+
+    def sources_of(self, chunk_ids: Sequence[str]) -> dict[str, str]:
+        return self.kb.catalog.sources_of(self.kb.id, chunk_ids)
+
     def rows(self, keys: Sequence[int], qvec: np.ndarray | None) -> dict[int, PassageRow]:
         out = {}
         for key, r in self.kb.catalog.hits_by_vkey(self.kb.id, list(keys)).items():
