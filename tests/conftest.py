@@ -112,3 +112,31 @@ def team_store(team_db, settings):
     from localkb.team.store import TeamStore
 
     return TeamStore(team_db, settings, Access.system())
+
+
+@pytest.fixture(params=["local", "team"])
+def any_store(request, settings):
+    """A test taking this runs once on each store of the seam: local, then team (real PostgreSQL)."""
+    if request.param == "local":
+        s = Store(settings)
+        yield s
+        s.close()
+    else:
+        yield request.getfixturevalue("team_store")
+
+
+@pytest.fixture
+def any_kb(any_store):
+    any_store.create_kb("Docs")
+    return any_store.open_kb("Docs")
+
+
+def add_document_to(kb, doc, key: str):
+    """Each store's own write path: the local pipeline (issue 17's) or the team server's (ingest.seam)."""
+    from localkb.store.kb import KnowledgeBase
+
+    if isinstance(kb, KnowledgeBase):
+        from localkb.ingest.pipeline import add_document
+    else:
+        from localkb.ingest.seam import add_document
+    return add_document(kb, doc, key=key)

@@ -88,10 +88,17 @@ def test_two_clearances_get_different_passages_and_the_restricted_one_is_never_f
     assert trace["access"] == {"level": "internal",
                                "filter": f"kb_id = {team.kb.id} AND access_level <= 1"}
     assert secret_ids <= set(b["trace"]["kbs"][team.kb.id]["vector_fetched"])
-    # even the exact identifier finds nothing for alice, and the keyword leg says so
-    with team.client("alice") as alice:
+    # even the exact identifier finds nothing for alice, and the keyword leg says so: the name
+    # is held only above her clearance, so for her no passage mentions it (issue 15's status)
+    with team.client("alice") as alice, team.client("bob") as bob:
         code = alice.search([team.kb.id], "SB-2027", mode="keyword")
+        seen = bob.search([team.kb.id], "SB-2027", mode="keyword")
     assert code["hits"] == [] and code["trace"]["kbs"][team.kb.id]["keyword_fetched"] == []
+    st = code["statuses"][0]
+    assert code["exact_terms"] == ["SB-2027"] and st["missing_terms"] == ["SB-2027"]
+    assert st["status"] == "nothing" and st["line"].startswith('Handbook · no passage mentions "SB-2027"')
+    assert seen["statuses"][0]["missing_terms"] == [] and seen["statuses"][0]["status"] == "passages"
+    assert seen["trace"]["kbs"][team.kb.id]["exact"] == {"SB-2027": "whole"}
 
 
 def test_two_clearances_get_different_answers_through_attached_clients(team, tmp_path, settings):
@@ -602,3 +609,36 @@ def test_teams_file_survives_concurrent_listings(tmp_path):
         t.join(60)
     assert errors == [] and load_attachments(tmp_path)[0].name == "acme"
     assert (tmp_path / "teams.json").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_database_written_with_another_keyword_analysis_is_reanalysed_on_open(team_store, team_db_url,
+                                                                                settings):
+    """The team twin of the local index rebuilt on open: tsvectors of an older analysis (before
+    issue 15's positions, suffixes and versions) are rewritten when a server connects."""
+    from localkb.ingest.extract import extract_text
+    from localkb.ingest.seam import add_document
+    from localkb.team.access import Access
+    from localkb.team.db import Database
+    from localkb.team.store import TeamStore
+
+    team_store.create_kb("Docs")
+    kb = team_store.open_kb("Docs")
+    add_document(kb, extract_text("class asyncio.Task(coro)\nTask.done() returns True when the Task "
+                                  "is done.", title="Coroutines and Tasks"), key="page:task")
+    with team_store.db.tx() as conn:  # what a database of the previous analysis holds
+        conn.execute("UPDATE chunks SET tsv = to_tsvector('simple', text)")
+        conn.execute("DELETE FROM meta")
+    stale = Searcher(team_store).search(["Docs"], "asyncio.Task.done", mode="keyword")
+    assert stale.statuses[0].missing_terms == ["asyncio.Task.done"]  # the old lexemes lack it
+    db = Database(team_db_url)
+    try:
+        assert db.reanalyzed == 1
+        fresh = Searcher(TeamStore(db, settings, Access.system())).search(
+            ["Docs"], "asyncio.Task.done", mode="keyword")
+        st = fresh.statuses[0]
+        assert st.status == "passages" and st.missing_terms == [], st
+        again = Database(team_db_url)
+        again.close()
+        assert again.reanalyzed == 0  # once only
+    finally:
+        db.close()

@@ -132,6 +132,12 @@ CREATE TABLE reembed_staging (
     PRIMARY KEY (kb_id, chunk_id)
 );
 """),
+    (4, "database facts (the keyword analysis the tsvectors were written with)", """
+CREATE TABLE meta (
+    key text PRIMARY KEY,
+    value text NOT NULL
+);
+"""),
 )
 
 

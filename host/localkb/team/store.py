@@ -97,6 +97,55 @@ def tsquery_literal(term: str) -> str:
     return _quote(term)
 
 
+#: Passages re-analysed per transaction by ``reanalyze``.
+REANALYZE_BATCH = 2000
+
+
+def reanalyze(conn) -> int:
+    """Rewrite every passage's tsvector if the database was written with another keyword analysis.
+
+    The local store rebuilds a Whoosh index analysed with another ``keywords.SCHEMA`` on
+    open; this is the team store's same step, run when the server connects (one server at
+    a time: the migrations' advisory lock). Each batch is one transaction; the knowledge
+    bases' generations are bumped at the end, so cached statistics are dropped. A database
+    without the fact (written before it was kept) counts as schema 1. Returns how many
+    passages were rewritten.
+    """
+    from localkb.store.keywords import SCHEMA
+
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(72190001)")
+        row = conn.execute("SELECT value FROM meta WHERE key = 'keyword_schema'").fetchone()
+        if row is not None and int(row[0]) == SCHEMA:
+            return 0
+        if not conn.execute("SELECT 1 FROM chunks LIMIT 1").fetchone():
+            conn.execute("INSERT INTO meta VALUES ('keyword_schema', %s) ON CONFLICT (key) "
+                         "DO UPDATE SET value = excluded.value", (str(SCHEMA),))
+            return 0
+    done, last = 0, ""
+    while True:
+        with conn.transaction():
+            rows = conn.execute(
+                "SELECT c.id, c.text, s.title FROM chunks c JOIN sources s ON s.id = c.source_id "
+                "WHERE c.id > %s ORDER BY c.id LIMIT %s", (last, REANALYZE_BATCH)).fetchall()
+            if not rows:
+                break
+            updates = []
+            for cid, text, title in rows:
+                tsv, length = tsvector_literal(passage_text(title, text))
+                updates.append((tsv, length, cid))
+            with conn.cursor() as cur:
+                cur.executemany("UPDATE chunks SET tsv = %s::tsvector, kw_len = %s WHERE id = %s", updates)
+            done += len(rows)
+            last = rows[-1][0]
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(72190001)")
+        conn.execute("UPDATE kbs SET generation = generation + 1")
+        conn.execute("INSERT INTO meta VALUES ('keyword_schema', %s) ON CONFLICT (key) "
+                     "DO UPDATE SET value = excluded.value", (str(SCHEMA),))
+    return done
+
+
 def _record(row: dict) -> KBRecord:
     return KBRecord(row["id"], row["name"], row["privacy"], row["model"], row["dim"], row["created"],
                     row["generation"])
