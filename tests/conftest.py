@@ -39,11 +39,12 @@ def kb(store: Store):
 
 
 def run_cli(args: list[str], home: Path, *, check: bool = False, timeout: float = 300,
-            env: dict | None = None) -> subprocess.CompletedProcess:
+            env: dict | None = None, input: str | None = None) -> subprocess.CompletedProcess:
     """Run ``python -m localkb`` in a real subprocess against ``home``."""
     full_env = {**os.environ, "LOCALKB_HOME": str(home), **(env or {})}
     return subprocess.run([sys.executable, "-m", "localkb", *args], capture_output=True, text=True,
-                          env=full_env, timeout=timeout, check=check)
+                          env=full_env, timeout=timeout, check=check,
+                          input=input if input is not None else "")
 
 
 def make_pdf(path: Path, pages: list[str]) -> Path:

@@ -442,7 +442,7 @@ def cmd_doctor(args, out: Out) -> int:
                  f"model: {m['id']} ({m.get('variant')}) "
                  + ("ok" if m.get("ok") else f"UNAVAILABLE: {m.get('error')}")]
         for kb in report["knowledge_bases"]:
-            state = "ok" if not kb["problems"] else "; ".join(kb["problems"])
+            state = "; ".join(kb["problems"]) or "; ".join(["ok", *kb.get("notes", [])])
             lines.append(f"{kb['name']}: {kb['chunks']} chunks, vectors "
                          f"{kb.get('vector_index', {}).get('count', '?')}, keywords "
                          f"{kb.get('keyword_index', {}).get('count', '?')}: {state}")
@@ -576,9 +576,10 @@ def _chat_turn(args, out: Out, store, message: str, history: list, *, cache, kin
     def confirm(request: dict) -> bool:
         if out.json:
             return False  # no one to ask: a model-driven write is never made unconfirmed
-        preview = request["text"][:600] + ("…" if request["chars"] > 600 else "")
+        # All of it: what is approved is exactly what is written.
         print(f"\n\nThe model asks to save “{request['title']}” ({request['chars']:,} characters) "
-              f"to {request['kb_name']}:\n{preview}\nSave it? (y/N) ", end="", flush=True)
+              f"to {request['kb_name']}:\n{request['text']}\n--- end of the text ---\nSave it? (y/N) ",
+              end="", flush=True)
         return sys.stdin.readline().strip().lower() in {"y", "yes"}
 
     options = ChatOptions(use_weaker_matches=args.weaker, strict=args.strict, kind=kind)
@@ -641,19 +642,19 @@ def cmd_chat(args, out: Out) -> int:
 
 
 def cmd_config_endpoint(args, out: Out) -> int:
-    from localkb.answer.llm import Endpoint, LLMConfig, load_config, save_config
+    from localkb.answer.llm import LLMConfig, load_config, merge_endpoint, save_config
 
     root = Settings.from_env().data_dir
     config = load_config(root)
     endpoints = list(config.endpoints)
     default = config.default_endpoint
+    note = None
     if args.action == "add":
         key = sys.stdin.readline().strip() if args.api_key_stdin else None
-        old = next((e for e in endpoints if e.name == args.name), None)
-        endpoint = Endpoint.from_dict({
+        endpoint, note = merge_endpoint(config, {
             "name": args.name, "base_url": args.base_url, "model": args.model,
             "api_key_env": args.api_key_env, "mark_cloud": args.mark_cloud,
-            "api_key": key if key else (old.api_key if old else None)})
+            **({"api_key": key} if key else {})})
         endpoints = [e for e in endpoints if e.name != args.name] + [endpoint]
         if args.default or default is None:
             default = endpoint.name
@@ -677,12 +678,15 @@ def cmd_config_endpoint(args, out: Out) -> int:
         for e in shown["endpoints"]:
             mark = "*" if e["name"] == shown["default_endpoint"] else " "
             key = "key set" if e["api_key_set"] else "no key"
-            lines.append(f"{mark} {e['name']:16} {e['location']:6} {e['model']:24} {e['base_url']} ({key})")
+            where = e["location"] or "unknown (treated as cloud)"
+            lines.append(f"{mark} {e['name']:16} {where:6} {e['model']:24} {e['base_url']} ({key})")
         if shown["default_endpoint"] is None:
             lines.append("no default: answers are extractive unless --endpoint is given")
+        if note:
+            lines.append(f"note: {note} (--api-key-stdin)")
         return "\n".join(lines)
 
-    out.emit(shown, text)
+    out.emit({**shown, "notes": [note] if note else []}, text)
     return 0
 
 
@@ -1078,6 +1082,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from localkb.perms import private_umask
+
+    private_umask()  # the data dir and everything in it: 0700 / 0600, whatever the umask
     parser = build_parser()
     args = parser.parse_args(argv)
     out = Out(getattr(args, "json", False))

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from localkb.errors import StoreError
+from localkb.perms import private_dir
 
 if TYPE_CHECKING:
     import numpy as np
@@ -160,7 +161,7 @@ class Catalog:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._local = threading.local()
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
         try:
             self.db.executescript(SCHEMA)  # executescript commits on its own; the DDL is idempotent
             self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
@@ -284,13 +285,18 @@ class Catalog:
     # -- logs ------------------------------------------------------------------
     def log_error(self, source: str, code: str, message: str, *, kb_id: str | None = None,
                   ref: str | None = None, detail: dict | None = None) -> None:
-        """Append to the error log; a failure to log never hides the original error."""
+        """Append to the error log; a failure to log never hides the original error.
+
+        Key shapes (``Bearer …``, ``sk-…``) are masked: a quoted server message may echo one.
+        """
+        from localkb.redact import redact
+
         with contextlib.suppress(sqlite3.Error):
             self.db.execute(
                 "INSERT INTO errors (at, source, code, message, kb_id, ref, detail) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (time.time(), source, code, message[:2000], kb_id, ref,
-                 json.dumps(detail) if detail else None))
+                (time.time(), source, code, redact(message[:2000]), kb_id, ref,
+                 redact(json.dumps(detail)) if detail else None))
 
     def errors(self, *, source: str | None = None, kb_id: str | None = None, offset: int = 0,
                limit: int = 20) -> tuple[list[dict], int]:
