@@ -442,6 +442,46 @@ def test_the_privacy_gate_applies_to_team_knowledge_bases(team, tmp_path, settin
     lib.local.close()
 
 
+def test_a_team_knowledge_base_made_device_only_is_never_sent_to_a_cloud_model_from_a_stale_listing(
+        team, tmp_path, settings):
+    """Its privacy is the team admin's, as it is now: the attached listing (teams.json) may be
+    older. Before: the listing said "cloud", the admin had since set "device", and the salary
+    passage went to the cloud model."""
+    from fakellm import FakeLLM
+    from localkb.answer.llm import Endpoint
+
+    team.api.system.update_kb("Handbook", privacy="cloud")
+    home = tmp_path / "bob"
+    attach(home, team.url, team.tokens["bob"])  # lists Handbook as cloud
+    team.api.system.update_kb("Handbook", privacy="device")
+    lib = Library(Store(Settings_for(home, settings)))
+    assert next(r for r in lib.kbs() if r.name == "Handbook").privacy == "cloud"  # stale
+    with FakeLLM(reply="The band is 95,000 [1].") as llm:
+        cloud = Endpoint("cloudy", llm.base_url, "fake-model", mark_cloud=True)
+        turn = run_turn(lib, ["Handbook"], "What is the senior engineer salary band?", endpoint=cloud)
+        sent = json.dumps(llm.requests)
+    assert "95,000" not in sent and "SB-2027" not in sent
+    assert [s["status"] for s in turn.statuses] == ["skipped"], turn.statuses
+    # ... and a history turn drawn from it is gated the same way (issue 14's provenance)
+    team.api.system.update_kb("Handbook", privacy="cloud")
+    attach(tmp_path / "bob2", team.url, team.tokens["bob"])
+    lib2 = Library(Store(Settings_for(tmp_path / "bob2", settings)))
+    first = run_turn(lib2, ["Handbook"], "What is the senior engineer salary band?", endpoint=None)
+    assert team.kb.id in first.kbs and "95,000" in first.answer
+    team.api.system.update_kb("Handbook", privacy="device")
+    from localkb.answer.chat import Turn
+
+    history = [Turn("user", "What is the senior engineer salary band?"),
+               Turn("assistant", first.answer, tuple(first.kbs))]
+    with FakeLLM(reply="Ask HR.") as llm:
+        cloud = Endpoint("cloudy", llm.base_url, "fake-model", mark_cloud=True)
+        run_turn(lib2, ["Handbook"], "and who decides it?", history=history, endpoint=cloud)
+        sent = json.dumps(llm.requests)
+    assert "95,000" not in sent
+    lib.local.close()
+    lib2.local.close()
+
+
 # -- the server as a process ------------------------------------------------------------------
 class ServerProcess:
     """``localkb team serve`` in a subprocess; its URL read from its first line."""

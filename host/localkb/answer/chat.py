@@ -797,15 +797,18 @@ def run_turn(
         raise InvalidInput("choose at least one knowledge base", detail={"field": "kbs"})
     if not 1 <= options.k <= 50:
         raise InvalidInput("k must be from 1 to 50", detail={"field": "k"})
+    # Where the model runs is decided once, by address, for the whole turn: every gate below
+    # and every request to the model use this one decision (the client connects an on-device
+    # verdict only to the addresses it was made on).
+    placement = locate(endpoint)
+    if not placement.on_device:
+        # Privacy held elsewhere (a team administrator's) is read as it is now, not as listed.
+        store.confirm_privacy()
     records: list[KBRecord] = []
     for ref in kb_refs:
         rec = store.resolve(ref)
         if rec.id not in {r.id for r in records}:
             records.append(rec)
-    # Where the model runs is decided once, by address, for the whole turn: every gate below
-    # and every request to the model use this one decision (the client connects an on-device
-    # verdict only to the addresses it was made on).
-    placement = locate(endpoint)
     location = placement.location
     model = ({"name": endpoint.name, "model": endpoint.model, "location": location}
              if endpoint is not None else None)

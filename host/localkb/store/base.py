@@ -289,3 +289,11 @@ class KnowledgeStore(ABC):
     @abstractmethod
     def log_query(self, kind: str, query: str, kb_ids: list[str], trace: dict[str, Any]) -> None:
         """Record a chat turn's trace."""
+
+    def confirm_privacy(self) -> None:
+        """Read again any privacy setting held elsewhere, before text may leave this machine.
+
+        The local store holds its own (nothing to do); the ``Library`` of attached teams asks
+        each team, since its listing may be older than an administrator's change.
+        """
+        return

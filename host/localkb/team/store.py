@@ -188,11 +188,14 @@ class TeamStore(KnowledgeStore):
         return _record(row) if row else None
 
     def resolve(self, ref: str) -> KBRecord:
+        import unicodedata
+
         if not isinstance(ref, str) or not ref or len(ref) > 200:
             raise InvalidInput("a knowledge base id or name is required")
+        name = unicodedata.normalize("NFC", ref)  # names are stored in NFC (check_name)
         with self.db.conn() as conn:
             rows = conn.execute("SELECT * FROM kbs WHERE id = %s OR lower(name) = lower(%s)",
-                                (ref, ref)).fetchall()
+                                (ref, name)).fetchall()
         for row in sorted(rows, key=lambda r: r["id"] != ref):
             if self.access.grant(row["id"]) is not None:
                 return _record(row)
