@@ -1017,24 +1017,32 @@ def _count(kb: KnowledgeBase, s: _Source) -> SourceReport:
                 reason = s.failures.get(idx, "the passage is not in the catalogue after the write")
                 rep.failures.append({"chunk_index": idx, "reason": reason})
     rep.removed = sum(1 for idx in s.before if idx >= n or idx in s.failures)
+    settle_status(rep, new=not s.before)
+    if rep.failed:
+        kb.catalog.log_error("ingest", "nothing_written" if rep.status == "failed" else "partial_write",
+                             f"{s.name}: {rep.summary}", kb_id=kb.id, ref=s.sid,
+                             detail={"failures": rep.failures[:50]})
+    return rep
+
+
+def settle_status(rep: SourceReport, *, new: bool) -> None:
+    """A source report's status from its row counts: failed, partial, added, updated or unchanged.
+
+    Both writers use it (this pipeline and ``ingest.seam``'s over any store).
+    """
     if rep.failed == rep.total:
         rep.status = "failed"
         reasons = sorted({f["reason"] for f in rep.failures})
         rep.error = {"code": NothingWritten.code,
                      "message": f"none of its {rep.total} passages could be saved "
                                 f"({'; '.join(reasons)[:400]})"}
-        rep.removed = 0
+        rep.removed = 0  # nothing of it was written, so nothing was removed either
     elif rep.failed:
         rep.status = "partial"
-    elif not s.before:
+    elif new:
         rep.status = "added"
     else:
         rep.status = "updated" if (rep.added or rep.updated or rep.removed) else "unchanged"
-    if rep.failed:
-        kb.catalog.log_error("ingest", "nothing_written" if rep.status == "failed" else "partial_write",
-                             f"{s.name}: {rep.summary}", kb_id=kb.id, ref=s.sid,
-                             detail={"failures": rep.failures[:50]})
-    return rep
 
 
 # == running a job ===========================================================================
