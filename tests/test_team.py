@@ -196,7 +196,7 @@ def test_injection_and_oversized_inputs_are_refused_on_every_endpoint(team, team
         assert bob.passages(kb, bad, 0, 1) == []  # an id is data: matched literally, found nowhere
         # a name is data: refused by its own rule (no / or \\), or stored exactly as given
         if "/" in bad or "\\" in bad:
-            with pytest.raises(Exception, match="a knowledge base name (is|may not)"):
+            with pytest.raises(Exception, match=r"a knowledge base name (is|may not)"):
                 root.create_kb(bad)
         else:
             made = root.create_kb(bad)
