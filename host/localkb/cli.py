@@ -14,7 +14,8 @@ from localkb.errors import LocalKBError
 EXIT_CODES = {"privacy_blocked": 6, "llm_unavailable": 7,
               "invalid_input": 2, "kb_not_found": 3, "source_not_found": 3, "not_found": 3,
               "embedding_unavailable": 4, "nothing_written": 5, "cancelled": 130,
-              "invalid_archive": 2, "decryption_failed": 8, "passphrase_required": 8}
+              "invalid_archive": 2, "decryption_failed": 8, "passphrase_required": 8,
+              "too_large": 2, "conflict": 2, "unauthorized": 9, "forbidden": 9, "team_unavailable": 4}
 
 
 class Out:
@@ -36,6 +37,13 @@ def _store(args):
     return Store(Settings.from_env())
 
 
+def _library(args):
+    """The local store plus attached teams' knowledge bases (``localkb team attach``)."""
+    from localkb.team.attached import Library
+
+    return Library(_store(args))
+
+
 # -- knowledge bases ---------------------------------------------------------------
 def cmd_kb_create(args, out: Out) -> int:
     rec = _store(args).create_kb(args.name, privacy=args.privacy, model=args.model,
@@ -45,15 +53,21 @@ def cmd_kb_create(args, out: Out) -> int:
 
 
 def cmd_kb_list(args, out: Out) -> int:
-    store = _store(args)
-    rows = [{**r.public(), **store.catalog.counts(r.id)} for r in store.kbs()]
+    library = _library(args)
+    down = {t["team"]: t["error"] for t in library.refresh() if not t["ok"]}
+    rows = [{"origin": "local", **r.public(), **library.counts(r.id)} for r in library.kbs()]
+    for r in rows:
+        if r.get("team") in down:
+            r["unavailable"] = down[r["team"]]
 
     def text() -> str:
         if not rows:
             return "no knowledge bases yet: localkb kb create NAME"
         lines = [f"{'name':24} {'privacy':8} {'model':20} {'keywords':16} {'sources':>7} {'chunks':>7}  id"]
         lines += [f"{r['name'][:24]:24} {r['privacy']:8} {r['model'][:20]:20} "
-                  f"{_engine_label(r):16} {r['sources']:>7} {r['chunks']:>7}  {r['id']}" for r in rows]
+                  f"{_engine_label(r):16} {r['sources']:>7} {r['chunks']:>7}  {r['id']}"
+                  + (f"  team {r['team']}" if r["origin"] == "team" else "")
+                  + ("  (unreachable: last known listing)" if "unavailable" in r else "") for r in rows]
         return "\n".join(lines)
 
     out.emit({"knowledge_bases": rows}, text)
@@ -62,8 +76,10 @@ def cmd_kb_list(args, out: Out) -> int:
 
 def _engine_label(row: dict) -> str:
     """``tantivy (auto)``: the engine in use, and that ``auto`` chose it."""
+    if row.get("origin") == "team":
+        return "postgresql"  # the team server's full-text search
     choice = row.get("keyword_engine_choice", "auto")
-    return row["keyword_engine"] + (" (auto)" if choice == "auto" else "")
+    return row.get("keyword_engine", "?") + (" (auto)" if choice == "auto" else "")
 
 
 def cmd_kb_update(args, out: Out) -> int:
@@ -223,8 +239,18 @@ def ingest_exit(report) -> int:
 def cmd_add(args, out: Out) -> int:
     from localkb.ingest.pipeline import add_paths
 
-    store = _store(args)
-    kb = store.open_kb(args.kb)
+    kb = _library(args).open_kb(args.kb)
+    if getattr(kb, "remote", False):  # a team knowledge base: read here, extracted and written there
+        from localkb.team.attached import upload_items
+
+        report = upload_items(kb, args.items, settings=Settings.from_env(), include=args.include or (),
+                              exclude=args.exclude or (), access=args.access)
+        out.emit(report.to_dict(), lambda: ingest_text(report))
+        return ingest_exit(report)
+    if args.access is not None:
+        from localkb.errors import InvalidInput
+
+        raise InvalidInput("--access is for team knowledge bases")
     bar = ProgressLine(not out.json and sys.stderr.isatty())
     with StopOnInterrupt(bar.close) as stop:
         try:
@@ -285,7 +311,13 @@ def sync_text(report) -> str:
 def cmd_sources(args, out: Out) -> int:
     from localkb.ingest.pipeline import iter_sources, list_sources
 
-    kb = _store(args).open_kb(args.kb)
+    kb = _library(args).open_kb(args.kb)
+    if getattr(kb, "remote", False):  # a team knowledge base: what you may see of it
+        rows, total = kb.list_sources(offset=args.offset, limit=args.limit or 100)
+        out.emit({"sources": rows, "total": total}, lambda: "\n".join(
+            [f"{r['id']}  {r['chunks']:>5} chunks  {r['access']:12} {r['title'][:60]}" for r in rows]
+            + [f"{len(rows)} of {total} sources (team {kb.team.name})"]))
+        return 0
     if out.json:
         # Streamed: one source at a time, however many there are.
         total = kb.catalog.counts(kb.id)["sources"]
@@ -316,7 +348,8 @@ def cmd_sources(args, out: Out) -> int:
 def cmd_remove(args, out: Out) -> int:
     from localkb.ingest.pipeline import remove_source
 
-    res = remove_source(_store(args).open_kb(args.kb), args.source)
+    kb = _library(args).open_kb(args.kb)
+    res = kb.remove_source(args.source) if getattr(kb, "remote", False) else remove_source(kb, args.source)
     out.emit(res, f"removed {res['title']} ({plural(res['removed_chunks'], 'chunk')})")
     return 0
 
@@ -325,7 +358,7 @@ def cmd_remove(args, out: Out) -> int:
 def cmd_search(args, out: Out) -> int:
     from localkb.retrieval.search import Reranker, Searcher, status_line
 
-    store = _store(args)
+    store = _library(args)
     reranker = Reranker(args.rerank_model) if args.rerank_model else None
     res = Searcher(store, reranker=reranker).search(
         args.kb, args.query, k=args.k, mode=args.mode, cutoff=args.cutoff,
@@ -437,10 +470,19 @@ def cmd_doctor(args, out: Out) -> int:
 def cmd_eval(args, out: Out) -> int:
     from localkb.retrieval.evaluate import format_table, run_eval
 
-    res = run_eval(args.path, modes=args.modes, model=args.model, k=args.k,
-                   rerank_model=args.rerank_model, limit_queries=args.limit_queries,
-                   keyword_engine=args.keyword_engine, baseline=args.baseline, split=args.split,
-                   index_dir=args.index_dir)
+    kw = {"modes": args.modes, "model": args.model, "k": args.k, "rerank_model": args.rerank_model,
+          "limit_queries": args.limit_queries, "keyword_engine": args.keyword_engine,
+          "baseline": args.baseline, "split": args.split, "index_dir": args.index_dir}
+    if args.store == "team":
+        from localkb.errors import InvalidInput
+        from localkb.team.cli import throwaway_team_store
+
+        if args.index_dir:
+            raise InvalidInput("--index-dir keeps a local index; it does not go with --store team")
+        with throwaway_team_store(args.db) as store:
+            res = run_eval(args.path, store=store, **kw)
+    else:
+        res = run_eval(args.path, **kw)
     out.emit(res, lambda: format_table(res))
     return 0
 
@@ -521,7 +563,7 @@ def _chat_endpoint(args, store):
 
     if args.extractive:
         return None
-    config = load_config(store.root)
+    config = load_config(store.local.root)
     return config.get(args.endpoint) if args.endpoint else config.default
 
 
@@ -580,7 +622,7 @@ def _chat_turn(args, out: Out, store, message: str, history: list, *, cache, kin
 
 
 def cmd_ask(args, out: Out) -> int:
-    store = _store(args)
+    store = _library(args)
     result = _chat_turn(args, out, store, args.question, [], cache=None, kind="ask")
     if out.json:
         out.emit(result.to_dict(), "")
@@ -590,7 +632,7 @@ def cmd_ask(args, out: Out) -> int:
 def cmd_chat(args, out: Out) -> int:
     from localkb.answer.chat import AnswerCache, Turn
 
-    store = _store(args)
+    store = _library(args)
     cache = AnswerCache()
     history: list[Turn] = []
     interactive = sys.stdin.isatty() and not out.json
@@ -744,9 +786,12 @@ def cmd_export(args, out: Out) -> int:
 
     from localkb.portable.archive import export_to_file
 
-    store = _store(args)
-    kb = store.open_kb(args.kb)
+    library = _library(args)
+    store = library.local
+    kb = library.open_kb(args.kb)
     passphrase = _passphrase(confirm=True) if args.encrypt else None
+    if getattr(kb, "remote", False):
+        return _team_export(kb, args.output, passphrase, out)
     progress, done = _stage_bar(out)
     to_stdout = args.output == "-"
     if to_stdout and sys.stdout.isatty():
@@ -777,6 +822,58 @@ def cmd_export(args, out: Out) -> int:
     return 0
 
 
+def _team_export(kb, output: str, passphrase: str | None, out: Out) -> int:
+    """A team knowledge base's .awkb (what you may see of it), sealed here with --encrypt."""
+    import io
+    import os
+    from pathlib import Path
+
+    from localkb.portable import envelope
+
+    raw, headers = kb.export()
+    if passphrase:
+        sealed = io.BytesIO()
+        envelope.seal(io.BytesIO(raw), sealed, passphrase)
+        raw = sealed.getvalue()
+    path = Path(output)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(raw)
+    os.replace(tmp, path)
+    res = {"path": str(path), "bytes": len(raw), "encrypted": bool(passphrase), "origin": "team",
+           "sources": int(headers.get("x-localkb-sources", 0)),
+           "chunks": int(headers.get("x-localkb-chunks", 0))}
+    out.emit(res, f"exported {kb.record.name} from team {kb.team.name}: {res['sources']} sources, "
+             f"{res['chunks']} chunks, {len(raw):,} bytes -> {path}")
+    return 0
+
+
+def _team_import(args, out: Out, store, passphrase: str | None) -> int:
+    """An .awkb file as a new team knowledge base (team administrators), decrypted here first."""
+    import io
+    import os
+
+    from localkb.errors import NotFound
+    from localkb.portable import envelope
+    from localkb.team.attached import load_attachments
+
+    team = next((t for t in load_attachments(store.root) if t.name.lower() == args.team.lower()), None)
+    if team is None:
+        raise NotFound(f"no team named {args.team!r} is attached (localkb team list)")
+    with open(args.file, "rb") as fh:
+        if passphrase is not None:
+            plain = io.BytesIO()
+            envelope.open_envelope(fh, plain, passphrase, size=os.fstat(fh.fileno()).st_size)
+            raw = plain.getvalue()
+        else:
+            raw = fh.read()
+    with team.client() as client:
+        res = client.import_(raw, name=args.name, access=args.access)
+    kb = res["knowledge_base"]
+    out.emit(res, f"imported {kb['name']} ({kb['id']}) into team {team.name}: {res['sources']} sources, "
+             f"{res['chunks']} chunks, access {res['access']}")
+    return 0
+
+
 def cmd_import(args, out: Out) -> int:
     from localkb.errors import InvalidInput
     from localkb.portable.archive import import_kb, is_encrypted
@@ -787,6 +884,8 @@ def cmd_import(args, out: Out) -> int:
     except OSError as err:
         raise InvalidInput(f"cannot read {args.file}: {err.strerror}") from err
     passphrase = _passphrase(confirm=False) if encrypted else None
+    if args.team:
+        return _team_import(args, out, store, passphrase)
     progress, done = _stage_bar(out)
     try:
         report = import_kb(store, args.file, name=args.name, passphrase=passphrase, progress=progress)
@@ -855,6 +954,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--exclude", action="append", help="glob of files or folders to skip (repeatable)")
     c.add_argument("--max-size", default=None, metavar="SIZE",
                    help="size cap per source, e.g. 500MB (default 200MB; 0 lifts it)")
+    c.add_argument("--access", default=None,
+                   help="team knowledge bases: the access level of these sources (public, internal, "
+                        "confidential, secret; default: the knowledge base's)")
     c.set_defaults(func=cmd_add)
     c = sub.add_parser("sync", parents=[common],
                        help="make a knowledge base match a folder: add new files, re-index changed ones, "
@@ -910,6 +1012,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--keyword-engine", choices=["auto", "whoosh", "tantivy"], nargs="+", default=None,
                    help="keyword engine of the eval's knowledge base (default: as kb create); "
                         "several: each scored on the same passages and vectors, paired")
+    c.add_argument("--store", choices=["local", "team"], default="local",
+                   help="team: the same eval on the PostgreSQL + pgvector store (a throw-away database)")
+    c.add_argument("--db", default=None, help="with --store team: a PostgreSQL URL (default: an embedded "
+                                              "cluster in a temporary folder)")
     c.add_argument("--baseline", choices=["bm25"], default=None,
                    help="also score plain BM25 over whole pages (rank-bm25, \\w+ tokens)")
     c.add_argument("--split", default="test", help="the qrels file to score (qrels/SPLIT.tsv)")
@@ -981,7 +1087,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("file")
     c.add_argument("--name", help="name of the new knowledge base (default: the one in the file, "
                    "made unique)")
+    c.add_argument("--team", default=None, help="import into this attached team's server instead "
+                                                "(team administrators)")
+    c.add_argument("--access", default=None, help="with --team: the access level of every source")
     c.set_defaults(func=cmd_import)
+    from localkb.team.cli import add_parser as add_team_parser
+
+    add_team_parser(sub, common)
     c = sub.add_parser("host", help="run as the browser's native-messaging host (stdio)")
     # Browsers pass the caller's origin (Chrome) or the manifest path and extension id (Firefox).
     c.add_argument("browser_args", nargs=argparse.REMAINDER)

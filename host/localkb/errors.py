@@ -10,7 +10,10 @@ the boundary with ``raise X(...) from err``.
     │   ├── InvalidArchive          invalid_archive
     │   ├── InvalidDocument         invalid_document
     │   ├── SourceTooLarge          source_too_large
-    │   └── ProtocolError           protocol_error
+    │   ├── ProtocolError           protocol_error
+    │   └── TooLarge                too_large
+    ├── Unauthorized                unauthorized
+    ├── Forbidden                   forbidden
     ├── NotFound                    not_found
     │   ├── KnowledgeBaseNotFound   kb_not_found
     │   └── SourceNotFound          source_not_found
@@ -23,6 +26,7 @@ the boundary with ``raise X(...) from err``.
     ├── NothingWritten              nothing_written
     ├── FetchFailed                 fetch_failed
     ├── LLMUnavailable              llm_unavailable
+    ├── TeamUnavailable             team_unavailable
     ├── PrivacyBlocked              privacy_blocked
     ├── DecryptionFailed            decryption_failed
     │   └── PassphraseRequired      passphrase_required
@@ -79,6 +83,24 @@ class ProtocolError(InvalidInput):
     """A native-messaging frame or request could not be understood."""
 
     code = "protocol_error"
+
+
+class TooLarge(InvalidInput):
+    """A request, field or upload is over its size cap; nothing was read past the cap."""
+
+    code = "too_large"
+
+
+class Unauthorized(LocalKBError):
+    """No token, a wrong one, or a revoked one: the team server does not know who is asking."""
+
+    code = "unauthorized"
+
+
+class Forbidden(LocalKBError):
+    """The team server knows who is asking, and their roles do not allow this."""
+
+    code = "forbidden"
 
 
 class NotFound(LocalKBError):
@@ -145,6 +167,12 @@ class LLMUnavailable(LocalKBError):
     """A model endpoint could not be reached or failed mid-answer."""
 
     code = "llm_unavailable"
+
+
+class TeamUnavailable(LocalKBError):
+    """A team server, or the PostgreSQL behind it, could not be reached or failed."""
+
+    code = "team_unavailable"
 
 
 class PrivacyBlocked(LocalKBError):

@@ -43,8 +43,8 @@ from localkb.answer.privacy import GateResult, Placement, allowed_knowledge_base
 from localkb.errors import Cancelled, InvalidInput, LLMUnavailable, LocalKBError, PrivacyBlocked
 from localkb.retrieval.search import Hit, KBStatus, Reranker, Searcher, names_phrase, summary_line
 from localkb.store.analysis import TOKEN_PATTERN, stopwords
-from localkb.store.catalog import Catalog, KBRecord
-from localkb.store.kb import Store
+from localkb.store.base import KnowledgeStore as Store
+from localkb.store.catalog import KBRecord
 
 #: What the model is told to say, and what the extractive path says, when the passages fall short.
 IDK = "I don't know from these documents"
@@ -339,7 +339,7 @@ def _provenance_refs(store: Store | None, kbs: Sequence[str] | None) -> list[Any
     """The knowledge bases a model's text drew on, as the gate sees them (unknown: device)."""
     refs: list[Any] = []
     for kb_id in kbs or ():
-        rec = store.catalog.kb(kb_id) if store is not None else None
+        rec = store.record(kb_id) if store is not None else None
         refs.append(rec or _Unknown(id=kb_id))
     if kbs is None:
         refs.append(_Unknown())
@@ -382,14 +382,17 @@ def _join_overlapping(a: str, b: str, max_words: int = 64) -> str:
     return f"{a}\n{b}"
 
 
-def passage_context(catalog: Catalog, hit: Hit, radius: int = CONTEXT_RADIUS) -> str:
+def passage_context(store: Store, hit: Hit, radius: int = CONTEXT_RADIUS) -> str:
     """The passage with its neighbours on the same page, for the model (small passages, wider context).
 
     Passages are short because the embedder matches short passages best; the model
     answers better with the sentences around them. Citations still point at the passage.
     """
     merged = ""
-    rows = catalog.passage_window(hit.source_id, hit.chunk_index, radius)
+    try:
+        rows = store.passage_window(hit.kb, hit.source_id, hit.chunk_index, radius)
+    except LocalKBError:
+        return hit.text  # a team server gone since the search: send what was found
     if not any(r["idx"] == hit.chunk_index for r in rows):
         return hit.text  # removed since the search: send what was found
     for row in rows:
@@ -829,15 +832,18 @@ def run_turn(
         raise InvalidInput("choose at least one knowledge base", detail={"field": "kbs"})
     if not 1 <= options.k <= 50:
         raise InvalidInput("k must be from 1 to 50", detail={"field": "k"})
+    # Where the model runs is decided once, by address, for the whole turn: every gate below
+    # and every request to the model use this one decision (the client connects an on-device
+    # verdict only to the addresses it was made on).
+    placement = locate(endpoint)
+    if not placement.on_device:
+        # Privacy held elsewhere (a team administrator's) is read as it is now, not as listed.
+        store.confirm_privacy()
     records: list[KBRecord] = []
     for ref in kb_refs:
         rec = store.resolve(ref)
         if rec.id not in {r.id for r in records}:
             records.append(rec)
-    # Where the model runs is decided once, by address, for the whole turn: every gate below
-    # and every request to the model use this one decision (the client connects an on-device
-    # verdict only to the addresses it was made on).
-    placement = locate(endpoint)
     location = placement.location
     model = ({"name": endpoint.name, "model": endpoint.model, "location": location}
              if endpoint is not None else None)
@@ -869,7 +875,7 @@ def run_turn(
 
     # -- cache -----------------------------------------------------------------------------
     parts = (
-        tuple(sorted((r.id, store.catalog.generation(r.id)) for r in allowed)),
+        tuple(sorted((r.id, store.generation(r.id)) for r in allowed)),
         tuple(sorted(i for i, _, _ in skipped)),
         location,
         None if endpoint is None else (endpoint.name, endpoint.base_url, endpoint.model,
@@ -966,8 +972,10 @@ def run_turn(
     if tools_offered:
         # The write targets pass the same gate: a device knowledge base is never even named
         # to a cloud model.
+        # Only local knowledge bases are offered: a team's are written through its server.
+        local = [r for r in store.kbs() if getattr(r, "team", None) is None]
         targets = list(allowed_knowledge_bases(  # type: ignore[arg-type]
-            endpoint, store.kbs(), placement=placement).allowed)
+            endpoint, local, placement=placement).allowed)
     # No passages, no model call (nothing to ground an answer in), unless the user asked to
     # save something: that needs the model whatever the search found.
     # What reached a prompt of this turn, and so what its answer may restate: the rewrite's
@@ -978,7 +986,7 @@ def run_turn(
                                              placement)
         provenance |= sent
         messages = build_messages(
-            message, passages, contexts=[passage_context(store.catalog, h) for h in passages],
+            message, passages, contexts=[passage_context(store, h) for h in passages],
             unavailable=[s.kb_name for s in unavailable], history=prompt_history,
             rewritten=query, tools_offered=tools_offered and bool(targets),
             partial=options.continue_from)
@@ -1005,7 +1013,7 @@ def run_turn(
                                                      len(passages))
         except LLMUnavailable as err:
             model_failed = True
-            store.catalog.log_error("chat", err.code, str(err))
+            store.log_error("chat", err.code, str(err))
             notes.append(f"The model {endpoint.name} failed, so this answer is not generated: {err}")
             answer, cited = extractive_answer(passages, f"the model {endpoint.name} failed", missing)
         generate_ms = _ms(t0)
@@ -1068,7 +1076,7 @@ def run_turn(
 
 def _log(store: Store, trace: dict, message: str, records: Sequence[KBRecord]) -> None:
     if store.settings.query_log:
-        store.catalog.log_query(trace.get("kind", "chat"), message, [r.id for r in records], trace)
+        store.log_query(trace.get("kind", "chat"), message, [r.id for r in records], trace)
 
 
 def _ms(t0: float) -> float:

@@ -1017,24 +1017,32 @@ def _count(kb: KnowledgeBase, s: _Source) -> SourceReport:
                 reason = s.failures.get(idx, "the passage is not in the catalogue after the write")
                 rep.failures.append({"chunk_index": idx, "reason": reason})
     rep.removed = sum(1 for idx in s.before if idx >= n or idx in s.failures)
+    settle_status(rep, new=not s.before)
+    if rep.failed:
+        kb.catalog.log_error("ingest", "nothing_written" if rep.status == "failed" else "partial_write",
+                             f"{s.name}: {rep.summary}", kb_id=kb.id, ref=s.sid,
+                             detail={"failures": rep.failures[:50]})
+    return rep
+
+
+def settle_status(rep: SourceReport, *, new: bool) -> None:
+    """A source report's status from its row counts: failed, partial, added, updated or unchanged.
+
+    Both writers use it (this pipeline and ``ingest.seam``'s over any store).
+    """
     if rep.failed == rep.total:
         rep.status = "failed"
         reasons = sorted({f["reason"] for f in rep.failures})
         rep.error = {"code": NothingWritten.code,
                      "message": f"none of its {rep.total} passages could be saved "
                                 f"({'; '.join(reasons)[:400]})"}
-        rep.removed = 0
+        rep.removed = 0  # nothing of it was written, so nothing was removed either
     elif rep.failed:
         rep.status = "partial"
-    elif not s.before:
+    elif new:
         rep.status = "added"
     else:
         rep.status = "updated" if (rep.added or rep.updated or rep.removed) else "unchanged"
-    if rep.failed:
-        kb.catalog.log_error("ingest", "nothing_written" if rep.status == "failed" else "partial_write",
-                             f"{s.name}: {rep.summary}", kb_id=kb.id, ref=s.sid,
-                             detail={"failures": rep.failures[:50]})
-    return rep
 
 
 # == running a job ===========================================================================
@@ -1254,12 +1262,13 @@ def trusted_canonical(page_url: str | None, canonical: str | None) -> str | None
     return canonical if same else None
 
 
-def add_capture(kb: KnowledgeBase, *, url: str | None, title: str | None = None,
-                html: str | None = None, text: str | None = None, pdf: bytes | None = None,
-                captured_by: str = "api", canonical_url: str | None = None, lang: str | None = None,
-                progress: Progress | None = None, check_cancelled: CancelCheck | None = None,
-                ) -> SourceReport:
-    """A page handed over by the extension (rendered HTML, plain text or PDF bytes)."""
+def capture_document(kb, *, url: str | None, title: str | None = None, html: str | None = None,
+                     text: str | None = None, pdf: bytes | None = None, canonical_url: str | None = None,
+                     lang: str | None = None, progress: Progress | None = None) -> tuple[Document, str]:
+    """The document and source key of a page handed over as rendered HTML, plain text or PDF bytes.
+
+    Any store's knowledge base (``store.base``): the team store's writer uses it too.
+    """
     given = [x for x in (html, text, pdf) if x is not None]
     if len(given) != 1:
         raise InvalidInput("give exactly one of html, text or pdf")
@@ -1282,6 +1291,17 @@ def add_capture(kb: KnowledgeBase, *, url: str | None, title: str | None = None,
     if lang and not doc.lang:
         doc.lang = lang
     key = canonical_key(page_url) if page_url else "text:" + hashlib.sha256(doc.text.encode()).hexdigest()
+    return doc, key
+
+
+def add_capture(kb: KnowledgeBase, *, url: str | None, title: str | None = None,
+                html: str | None = None, text: str | None = None, pdf: bytes | None = None,
+                captured_by: str = "api", canonical_url: str | None = None, lang: str | None = None,
+                progress: Progress | None = None, check_cancelled: CancelCheck | None = None,
+                ) -> SourceReport:
+    """A page handed over by the extension (rendered HTML, plain text or PDF bytes)."""
+    doc, key = capture_document(kb, url=url, title=title, html=html, text=text, pdf=pdf,
+                                canonical_url=canonical_url, lang=lang, progress=progress)
     return add_document(kb, doc, key=key, captured_by=captured_by, progress=progress,
                         check_cancelled=check_cancelled)
 

@@ -34,6 +34,13 @@ def get_store():
         return _store
 
 
+def get_library():
+    """The local store plus the attached team servers' knowledge bases (``team.attached``)."""
+    from localkb.team.attached import Library
+
+    return Library(get_store())
+
+
 def reset_store() -> None:
     """Forget the process-wide store (tests that change LOCALKB_HOME)."""
     global _store  # noqa: PLW0603
@@ -110,6 +117,12 @@ def h_status(data: dict, ctx) -> dict:
         for rec in catalog.kbs():
             kbs.append({**rec.public(), **catalog.counts(rec.id),
                         "index_health": _index_health(settings, rec)})
+        from localkb.team.attached import load_attachments
+
+        # Attached teams from their last listing: status never waits on the network.
+        for team in load_attachments(settings.data_dir):
+            kbs += [{**k, "origin": "team", "team": team.name, "index_health": "on the team server"}
+                    for k in team.kbs]
         out["knowledge_bases"] = kbs
         out["model"] = _model_state(settings)
         out["endpoint"] = _endpoint_state(settings)
@@ -164,8 +177,17 @@ def _endpoint_state(settings: Settings) -> dict | None:
 
 
 def h_kb_list(data: dict, ctx) -> dict:
-    store = get_store()
-    return {"knowledge_bases": [{**r.public(), **store.catalog.counts(r.id)} for r in store.kbs()]}
+    """Local knowledge bases, then those of attached teams (``origin: "team"``, ``team``: its name)."""
+    library = get_library()
+    teams = library.refresh()
+    out = [{**r.public(), **library.counts(r.id), "origin": "local"} for r in library.local.kbs()]
+    down = {t["team"]: t["error"] for t in teams if not t["ok"]}
+    for r in library.team_records():
+        entry = {**r.public(), **library.counts(r.id)}
+        if r.team in down:
+            entry["unavailable"] = down[r.team]
+        out.append(entry)
+    return {"knowledge_bases": out, "teams": teams}
 
 
 def h_kb_create(data: dict, ctx) -> dict:
@@ -198,7 +220,13 @@ def h_source_add(data: dict, ctx) -> dict:
     text = req_str(data, "text", required=False, max_len=MAX_TEXT)
     pdf = b64_bytes(data, "pdf_base64")
     captured_by = req_str(data, "captured_by", required=False, max_len=40) or "api"
-    kb = get_store().open_kb(req_str(data, "kb", max_len=200))
+    kb = get_library().open_kb(req_str(data, "kb", max_len=200))
+    if getattr(kb, "remote", False):  # a team knowledge base: its server extracts, embeds, writes
+        return kb.add_capture(url=url, title=title, html=html, text=text, captured_by=captured_by,
+                              pdf_base64=data.get("pdf_base64") if pdf is not None else None,
+                              canonical_url=req_str(data, "canonical_url", required=False, max_len=8192),
+                              lang=req_str(data, "lang", required=False, max_len=35),
+                              access=req_str(data, "access", required=False, max_len=20))
 
     def progress(ev: dict) -> None:
         ctx.emit("progress", {k: v for k, v in ev.items() if k != "source"})
@@ -235,18 +263,22 @@ def h_kb_sync(data: dict, ctx) -> dict:
 def h_source_list(data: dict, ctx) -> dict:
     from localkb.ingest.pipeline import list_sources
 
-    kb = get_store().open_kb(req_str(data, "kb", max_len=200))
+    kb = get_library().open_kb(req_str(data, "kb", max_len=200))
     sort = req_str(data, "sort", required=False, max_len=20) or "added"
-    rows, total = list_sources(kb, offset=req_int(data, "offset", 0, lo=0, hi=10**9),
-                               limit=req_int(data, "limit", 100, lo=1, hi=10_000), sort=sort)
+    offset, limit = req_int(data, "offset", 0, lo=0, hi=10**9), req_int(data, "limit", 100, lo=1, hi=10_000)
+    if getattr(kb, "remote", False):  # a team knowledge base: the sources you may see, oldest first
+        rows, total = kb.list_sources(offset=offset, limit=limit)
+    else:
+        rows, total = list_sources(kb, offset=offset, limit=limit, sort=sort)
     return {"sources": rows, "total": total}
 
 
 def h_source_remove(data: dict, ctx) -> dict:
     from localkb.ingest.pipeline import remove_source
 
-    kb = get_store().open_kb(req_str(data, "kb", max_len=200))
-    return remove_source(kb, req_str(data, "source", max_len=8192))
+    kb = get_library().open_kb(req_str(data, "kb", max_len=200))
+    ref = req_str(data, "source", max_len=8192)
+    return kb.remove_source(ref) if getattr(kb, "remote", False) else remove_source(kb, ref)
 
 
 def h_search(data: dict, ctx) -> dict:
@@ -257,7 +289,7 @@ def h_search(data: dict, ctx) -> dict:
                                or not -1.0 <= cutoff <= 1.0):
         raise InvalidInput("'cutoff' must be a number from -1 to 1 (a cosine)",
                            detail={"field": "cutoff"})
-    res = Searcher(get_store()).search(
+    res = Searcher(get_library()).search(
         req_kbs(data), req_str(data, "query", max_len=4000), k=req_int(data, "k", 8, lo=1, hi=100),
         mode=req_str(data, "mode", required=False) or "hybrid", cutoff=cutoff,
         per_source=req_int(data, "per_source", 0, lo=0, hi=100) or None)
@@ -343,13 +375,13 @@ def h_chat(data: dict, ctx) -> dict:
     from localkb.answer.chat import ChatOptions, parse_history, run_turn
     from localkb.answer.llm import load_config
 
-    store = get_store()
+    store = get_library()
     kbs = req_kbs(data)
     message = req_str(data, "message", max_len=8000)
     history = parse_history(data.get("history"))
     name = req_str(data, "endpoint", required=False, max_len=100)
     extractive = req_bool(data, "extractive")
-    config = load_config(store.root)
+    config = load_config(store.local.root)
     endpoint = None if extractive else (config.get(name) if name else config.default)
     # true: every knowledge base's weaker matches; a list: those of the knowledge bases named.
     weaker = data.get("use_weaker_matches", False)
@@ -435,9 +467,11 @@ def h_kb_export(data: dict, ctx) -> dict:
     from localkb.portable.archive import SUFFIX, export_to_file
 
     store = get_store()
-    kb = store.open_kb(req_str(data, "kb", max_len=200))
+    kb = get_library().open_kb(req_str(data, "kb", max_len=200))
     passphrase = req_str(data, "passphrase", required=False, max_len=1024)
     filename = (re.sub(r"[^\w.-]+", "-", kb.record.name).strip("-.") or "knowledge-base") + SUFFIX
+    if getattr(kb, "remote", False):
+        return _team_export(kb, filename, passphrase)
     with tempfile.TemporaryDirectory(dir=store.root, prefix=".export-") as tmp:
         path = Path(tmp) / filename
         report = export_to_file(kb, path, passphrase=passphrase,
@@ -447,6 +481,26 @@ def h_kb_export(data: dict, ctx) -> dict:
     return {"filename": filename, "bytes": report.bytes, "sha256": report.sha256,
             "encrypted": report.encrypted, "model": report.model, "sources": report.sources,
             "chunks": report.chunks, "data_base64": base64.b64encode(raw).decode("ascii")}
+
+
+def _team_export(kb, filename: str, passphrase: str | None) -> dict:
+    """A team knowledge base's .awkb (what this user may see), sealed here when a passphrase is given."""
+    import hashlib
+    import io
+
+    from localkb.portable import envelope
+
+    raw, headers = kb.export()
+    encrypted = False
+    if passphrase:
+        out = io.BytesIO()
+        envelope.seal(io.BytesIO(raw), out, passphrase)
+        raw, encrypted = out.getvalue(), True
+    return {"filename": filename, "bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest(),
+            "encrypted": encrypted, "model": headers.get("x-localkb-model"),
+            "sources": int(headers.get("x-localkb-sources", 0)),
+            "chunks": int(headers.get("x-localkb-chunks", 0)), "origin": "team", "team": kb.team.name,
+            "data_base64": base64.b64encode(raw).decode("ascii")}
 
 
 def h_kb_import(data: dict, ctx) -> dict:

@@ -60,14 +60,27 @@ import numpy as np
 
 from localkb import __version__
 from localkb.embedding.embedder import MODELS
-from localkb.errors import Conflict, HostBusy, InvalidArchive, InvalidInput, LimitExceeded
+from localkb.errors import (
+    Conflict,
+    HostBusy,
+    InvalidArchive,
+    InvalidInput,
+    KnowledgeBaseNotFound,
+    LimitExceeded,
+)
 from localkb.ingest.chunk import passage_text
 from localkb.perms import private_dir
 from localkb.portable import envelope
 from localkb.staging import Staging
+from localkb.store.base import KnowledgeBaseHandle, KnowledgeStore
 from localkb.store.catalog import chunk_id, source_id, vector_key
-from localkb.store.kb import PRIVACY, KnowledgeBase, Store, _check_name
+from localkb.store.kb import PRIVACY, check_name
+from localkb.store.kb import Store as LocalStore
 from localkb.strings import string_problem
+
+# Export and import run on either store (``store.base``): the local one or a team one.
+KnowledgeBase = KnowledgeBaseHandle
+Store = KnowledgeStore
 
 FORMAT = "awkb"
 VERSION = 1
@@ -148,27 +161,12 @@ def _dumps(obj: Any) -> bytes:
         return json.dumps(obj, ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode()
 
 
-def _snapshot(store: Store) -> sqlite3.Connection:
-    """A read-only connection of its own: one transaction on it is one consistent snapshot (WAL)."""
-    uri = store.catalog.path.resolve().as_uri() + "?mode=ro"
-    conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
-    conn.row_factory = sqlite3.Row
-    conn.execute("PRAGMA busy_timeout=60000")
-    return conn
-
-
 def export_kb(kb: KnowledgeBase, out: BinaryIO, *, progress: Progress | None = None,
               check_cancelled: CancelCheck | None = None) -> ExportReport:
     """Write ``kb`` as an .awkb stream (gzip of one JSON document) into ``out``."""
-    conn = _snapshot(kb.store)
     sink = _Hashing(out)
-    try:
-        conn.execute("BEGIN")
-        rec = conn.execute("SELECT * FROM kbs WHERE id = ?", (kb.id,)).fetchone()
-        if rec is None:
-            raise InvalidInput(f"knowledge base {kb.record.name!r} was deleted")
-        n_sources = conn.execute("SELECT COUNT(*) FROM sources WHERE kb_id = ?", (kb.id,)).fetchone()[0]
-        n_chunks = conn.execute("SELECT COUNT(*) FROM chunks WHERE kb_id = ?", (kb.id,)).fetchone()[0]
+    with kb.snapshot() as snap:
+        rec, n_sources, n_chunks = snap.record, snap.n_sources, snap.n_chunks
         # mtime=0 and no file name: the same snapshot always gives the same bytes.
         with gzip.GzipFile(fileobj=sink, mode="wb", compresslevel=6, mtime=0, filename="") as gz:
             head = {"format": FORMAT, "version": VERSION, "exported_at": time.time(),
@@ -176,8 +174,7 @@ def export_kb(kb: KnowledgeBase, out: BinaryIO, *, progress: Progress | None = N
                     "model": {"id": rec["model"], "dim": rec["dim"], "normalised": True},
                     "kb": {"name": rec["name"], "privacy": rec["privacy"]}}
             gz.write(_dumps(head)[:-1] + b',"sources":[')
-            for n, s in enumerate(conn.execute(
-                    "SELECT * FROM sources WHERE kb_id = ? ORDER BY added_at, id", (kb.id,))):
+            for n, s in enumerate(snap.sources):
                 gz.write((b"," if n else b"") + _dumps({
                     "id": s["id"], "key": s["key"], "type": s["type"], "title": s["title"],
                     "url": s["url"], "file_name": s["file_name"], "content_hash": s["content_hash"],
@@ -186,9 +183,7 @@ def export_kb(kb: KnowledgeBase, out: BinaryIO, *, progress: Progress | None = N
                     "updated_at": s["updated_at"]}))
             gz.write(b'],"chunks":[')
             step = max(1, n_chunks // 100)
-            for n, c in enumerate(conn.execute(
-                    "SELECT id, source_id, idx, text, page, tokens, text_hash, indexed_by, indexed_at, "
-                    "vector FROM chunks WHERE kb_id = ? ORDER BY source_id, idx", (kb.id,))):
+            for n, c in enumerate(snap.chunks):
                 gz.write((b"," if n else b"") + _dumps({
                     "id": c["id"], "source": c["source_id"], "index": c["idx"], "text": c["text"],
                     "page": c["page"], "tokens": c["tokens"], "text_hash": c["text_hash"],
@@ -199,9 +194,6 @@ def export_kb(kb: KnowledgeBase, out: BinaryIO, *, progress: Progress | None = N
                         check_cancelled()
                     _emit(progress, stage="export", done=n + 1, total=n_chunks)
             gz.write(b'],"counts":' + _dumps({"sources": n_sources, "chunks": n_chunks}) + b"}")
-        conn.execute("COMMIT")
-    finally:
-        conn.close()
     _emit(progress, stage="export", done=n_chunks, total=n_chunks)
     return ExportReport(kb=rec["id"], name=rec["name"], model=rec["model"], sources=n_sources,
                         chunks=n_chunks, bytes=sink.size, sha256=sink.digest.hexdigest())
@@ -215,7 +207,7 @@ def export_to_file(kb: KnowledgeBase, path: Path, *, passphrase: str | None = No
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         if passphrase:
-            with tempfile.TemporaryFile(dir=kb.store.root) as plain:
+            with tempfile.TemporaryFile(dir=path.parent) as plain:
                 report = export_kb(kb, plain, progress=progress, check_cancelled=check_cancelled)
                 plain.seek(0)
                 with open(tmp, "wb") as fh:
@@ -497,7 +489,7 @@ def _check_head(ck: _Checker, seen: dict[str, Any]) -> _Head:
     kbinfo = ck.get("document", seen, "kb")
     name = ck.string("kb", kbinfo, "name", max_len=80)
     try:
-        name = _check_name(name)
+        name = check_name(name)
     except InvalidInput as err:
         raise InvalidArchive(f"kb: 'name': {err}") from err
     privacy = ck.string("kb", kbinfo, "privacy", max_len=20)
@@ -709,20 +701,28 @@ class ImportReport:
         return asdict(self)
 
 
+def _taken(store: Store, name: str) -> bool:
+    try:
+        store.resolve(name)
+    except KnowledgeBaseNotFound:
+        return False
+    return True
+
+
 def free_name(store: Store, wanted: str) -> str:
     """``wanted`` if no knowledge base has it, else ``wanted (2)``, ``wanted (3)``, ..."""
-    if store.catalog.kb_by_name(wanted) is None:
+    if not _taken(store, wanted):
         return wanted
     n = 2
     while True:
         suffix = f" ({n})"
         candidate = wanted[: 80 - len(suffix)] + suffix
-        if store.catalog.kb_by_name(candidate) is None:
+        if not _taken(store, candidate):
             return candidate
         n += 1
 
 
-def _publish(store: Store, staged: Path, head: _Head, stager: _Stager, name: str | None) -> dict:
+def _publish(store: LocalStore, staged: Path, head: _Head, stager: _Stager, name: str | None) -> dict:
     """Make the staged knowledge base visible: its row, sources and chunks in one transaction."""
     kb_id = stager.kb_id
     spec = store.models.spec(head.model)
@@ -763,6 +763,41 @@ def _publish(store: Store, staged: Path, head: _Head, stager: _Stager, name: str
     return counts
 
 
+def _publish_through_seam(store: Store, staged: Path, head: _Head, name: str | None) -> tuple[str, dict]:
+    """Another store of the seam (the team one): a new knowledge base, then its rows in one
+    ``import_rows`` (one transaction there); the knowledge base is deleted again if that fails."""
+    if name is not None:
+        if _taken(store, name):
+            raise Conflict(f"a knowledge base named {name!r} already exists")
+    else:
+        name = free_name(store, head.name)
+    rec = store.create_kb(name, privacy=head.privacy, model=head.model)
+    try:
+        db = sqlite3.connect(staged)
+        db.row_factory = sqlite3.Row
+        try:
+            sources = [{**dict(r), "id": r["sid"]} for r in db.execute("SELECT * FROM sources")]
+            chunks, vecs = [], []
+            for r in db.execute("SELECT * FROM chunks ORDER BY source_id, idx"):
+                chunks.append({"source": r["source_id"], "index": r["idx"], "text": r["text"],
+                               "text_hash": r["text_hash"], "page": r["page"], "tokens": r["tokens"],
+                               "indexed_by": r["indexed_by"]})
+                vecs.append(np.frombuffer(r["vector"], dtype="<f4"))
+        finally:
+            db.close()
+        vectors = np.stack(vecs) if vecs else np.zeros((0, head.dim), np.float32)
+        store.open_kb(rec.id).import_rows(sources, chunks, vectors)
+        counts = store.counts(rec.id)
+        if counts != {"sources": len(sources), "chunks": len(chunks)}:
+            raise InvalidArchive(f"the import stored {counts['sources']:,} sources and "
+                                 f"{counts['chunks']:,} chunks, the file holds "
+                                 f"{len(sources):,} and {len(chunks):,}")
+    except BaseException:
+        store.delete_kb(rec.id)
+        raise
+    return rec.id, counts
+
+
 def import_kb(store: Store, src: Path | BinaryIO, *, name: str | None = None,
               passphrase: str | None = None, limits: Limits = DEFAULT_LIMITS,
               progress: Progress | None = None,
@@ -776,7 +811,7 @@ def import_kb(store: Store, src: Path | BinaryIO, *, name: str | None = None,
     swept the next time the store is opened), and the name stays free.
     """
     if name is not None:
-        name = _check_name(name)
+        name = check_name(name)
     _emit(progress, stage="validate", done=0, total=None)
     if isinstance(src, str | os.PathLike):
         try:
@@ -787,22 +822,27 @@ def import_kb(store: Store, src: Path | BinaryIO, *, name: str | None = None,
         fh = src
     kb_id = "kb_" + uuid.uuid4().hex[:12]
     try:
-        with Staging(store.root / "imports").job(kb_id) as job:
+        # A private staging folder in the data directory (the team server's for a team store).
+        root = Path(store.settings.data_dir)
+        with Staging(root / "imports").job(kb_id) as job:
             staged = job.with_suffix(".sqlite")
             stager = _Stager(staged, kb_id, limits, progress, check_cancelled)
             try:
-                head = _stage(fh, stager, passphrase=passphrase, limits=limits, tmp_dir=store.root)
+                head = _stage(fh, stager, passphrase=passphrase, limits=limits, tmp_dir=root)
             finally:
                 stager.close()
             if check_cancelled:
                 check_cancelled()
             _emit(progress, stage="write", done=0, total=stager.chunks)
-            counts = _publish(store, staged, head, stager, name)
+            if isinstance(store, LocalStore):
+                counts = _publish(store, staged, head, stager, name)
+            else:
+                kb_id, counts = _publish_through_seam(store, staged, head, name)
     finally:
         if fh is not src:
             fh.close()
     try:
-        store.open_kb(kb_id).indexes()
+        store.open_kb(kb_id).legs()  # the local store builds its derived indexes here
     except BaseException:
         store.delete_kb(kb_id)
         raise

@@ -35,6 +35,7 @@ from localkb.errors import InvalidInput
 from localkb.ingest.extract import Document, Section, extract_html
 from localkb.ingest.pipeline import ingest_documents
 from localkb.retrieval.search import Reranker, Searcher
+from localkb.store.base import KnowledgeStore
 from localkb.store.kb import Store
 
 CUTS = (1, 3, 5, 10)
@@ -153,7 +154,7 @@ def run_eval(path: str | Path, *, modes: Sequence[str] = ("vector", "keyword", "
              limit_queries: int | None = None, settings: Settings | None = None,
              keyword_engine: str | Sequence[str] | None = None, baseline: str | None = None,
              split: str = "test", index_dir: Path | None = None, progress=None,
-             per_query: bool = False) -> dict:
+             per_query: bool = False, store: KnowledgeStore | None = None) -> dict:
     """Index the corpus into a temporary store and score every mode; returns a dict of figures.
 
     ``index_dir`` keeps the store there instead: a later run on the same folder scores the
@@ -164,25 +165,33 @@ def run_eval(path: str | Path, *, modes: Sequence[str] = ("vector", "keyword", "
     same passages and vectors: after the first, the knowledge base is switched (its keyword
     index rebuilt from the catalogue) and the keyword-using modes run again, named
     ``mode[engine]`` and compared with the first engine's hybrid query by query.
+    ``store`` runs the same eval on another store of the seam (the team store on PostgreSQL:
+    ``localkb eval PATH --store team``); it must not hold a knowledge base named ``eval``.
     """
     if baseline is not None and baseline not in BASELINES:
         raise InvalidInput(f"baseline must be one of {', '.join(BASELINES)}")
+    if store is not None and index_dir is not None:
+        raise InvalidInput("index_dir keeps a local index; it does not go with another store")
     engines = [keyword_engine] if isinstance(keyword_engine, str) or keyword_engine is None \
         else list(keyword_engine)
+    if store is not None and engines != [None]:
+        raise InvalidInput("--keyword-engine chooses a local engine; the team store searches with "
+                           "PostgreSQL's full-text search")
     corpus, queries, qrels = load_beir(Path(path), split)
     absent = load_absent(Path(path))
     if limit_queries:
         queries = dict(list(queries.items())[:limit_queries])
     reranker = Reranker(Path(rerank_model)) if rerank_model else None
     run_modes = [(m, False) for m in modes] + ([("hybrid", True)] if reranker else [])
+    given = store
     with tempfile.TemporaryDirectory(prefix="localkb-eval-") as tmp:
         base = settings or Settings.from_env()
-        store = Store(replace(base, data_dir=Path(index_dir or tmp)))
+        store = given or Store(replace(base, data_dir=Path(index_dir or tmp)))
         try:
             pages: dict[str, str] = {}  # each document's whole text, for the baseline
             jobs = [(doc_id, _loader(doc_id, d, pages)) for doc_id, d in corpus.items()]
             t0 = time.perf_counter()
-            if any(r.name == "eval" for r in store.kbs()):
+            if given is None and any(r.name == "eval" for r in store.kbs()):
                 # A kept index (index_dir): scored as it was built; only the baseline's page
                 # texts are extracted again.
                 kb = store.open_kb("eval")
@@ -195,17 +204,27 @@ def run_eval(path: str | Path, *, modes: Sequence[str] = ("vector", "keyword", "
                     for _, load in jobs:
                         load()
             else:
-                store.create_kb("eval", model=model, keyword_engine=engines[0])
+                if given is None:
+                    store.create_kb("eval", model=model, keyword_engine=engines[0])
+                else:
+                    store.create_kb("eval", model=model)
                 kb = store.open_kb("eval")
-                reports = ingest_documents(kb, jobs, captured_by="api", progress=progress,
-                                           batch_tokens=262_144)
+                if given is None:
+                    reports = ingest_documents(kb, jobs, captured_by="api", progress=progress,
+                                               batch_tokens=262_144)
+                else:  # another store of the seam: its writer (ingest.seam), the same passages
+                    from localkb.ingest.seam import ingest_documents as ingest_through_seam
+
+                    reports = ingest_through_seam(kb, jobs, captured_by="api", progress=progress,
+                                                  batch_tokens=262_144)
                 failed = [r.name for r in reports if r.status == "failed"]
                 sid_to_doc = {r.source_id: r.name for r in reports if r.source_id}
             index_s = time.perf_counter() - t0
             searcher = Searcher(store, reranker=reranker)
             results: dict = {"dataset": str(path), "model": kb.record.model,
                              "variant": kb.embedder.describe().get("variant"),
-                             "documents": len(corpus), "passages": store.catalog.counts(kb.id)["chunks"],
+                             "documents": len(corpus), "passages": store.counts(kb.id)["chunks"],
+                             "store": "local" if given is None else type(given).__name__,
                              "queries": len(queries), "absent_queries": len(absent),
                              "split": split, "index_seconds": round(index_s, 1),
                              "failed_documents": failed, "modes": {},
@@ -262,7 +281,8 @@ def run_eval(path: str | Path, *, modes: Sequence[str] = ("vector", "keyword", "
                 results["compare"].update(compare_baseline(ndcgs))
             return results
         finally:
-            store.close()
+            if given is None:
+                store.close()
 
 
 def _summary(per_query: dict, queries: dict, ndcg: list[float], latencies: list[float]) -> dict:

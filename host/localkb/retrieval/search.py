@@ -21,9 +21,9 @@ from localkb.errors import EmbeddingUnavailable, InvalidInput, LocalKBError
 from localkb.ingest.chunk import defining_spans, passage_text
 from localkb.retrieval.hybrid import rrf
 from localkb.store.analysis import ExactTerm, QueryPlan, analyze, plan_query
-from localkb.store.catalog import blob_vector, vector_key
-from localkb.store.kb import KnowledgeBase, Store
-from localkb.store.keywords import KeywordHit, KeywordIndex
+from localkb.store.base import KnowledgeBaseHandle, KnowledgeStore, Legs
+from localkb.store.catalog import vector_key
+from localkb.store.keywords import KeywordHit
 
 MODES = ("hybrid", "vector", "keyword")
 #: Below the cut-off by at most this much, a hit is a "weaker match"; further down it is noise.
@@ -186,20 +186,25 @@ def _holds_phrase(pairs: list[tuple[str, int]], phrase: tuple[str, ...]) -> bool
                for p in at.get(phrase[0], ()))
 
 
-def find_exact_terms(kb: KnowledgeBase, ki: KeywordIndex, plan: QueryPlan) -> list[TermMatch]:
-    """Each exact term: whole if any passage holds it, else through its back-off, else missing."""
+def find_exact_terms(legs: Legs, plan: QueryPlan) -> list[TermMatch]:
+    """Each exact term: whole if any passage holds it, else through its back-off, else missing.
+
+    ``legs`` are one knowledge base's (``store.base.Legs``): on the team store every lookup
+    sees only the passages the user may see, so a name held only by a restricted passage
+    is missing for that user.
+    """
     out = []
     for e in plan.exact:
-        if ki.doc_frequency(e.term) > 0:
+        if legs.doc_frequency(e.term) > 0:
             out.append(TermMatch(e, "whole"))
             continue
         chunks: set[str] = set()
         via = None
         extra: list[str] = []
         for alt in e.backoff:
-            ids = ki.phrase(alt.phrase, limit=MAX_BACKOFF)
+            ids = legs.phrase(alt.phrase, limit=MAX_BACKOFF)
             if ids and alt.context:
-                ids = _on_pages_holding(kb, ki, ids, alt.context)
+                ids = _on_pages_holding(legs, ids, alt.context)
             if ids:
                 chunks.update(ids)
                 via = via or alt.label
@@ -210,13 +215,12 @@ def find_exact_terms(kb: KnowledgeBase, ki: KeywordIndex, plan: QueryPlan) -> li
     return out
 
 
-def _on_pages_holding(kb: KnowledgeBase, ki: KeywordIndex, ids: list[str],
-                      context: tuple[str, ...]) -> list[str]:
+def _on_pages_holding(legs: Legs, ids: list[str], context: tuple[str, ...]) -> list[str]:
     """The passages of ``ids`` whose page (source) also holds every term of ``context``."""
-    source = kb.catalog.sources_of(kb.id, ids)
+    source = legs.sources_of(ids)
     pages = set(source.values())
     for term in context:
-        pages &= set(kb.catalog.sources_of(kb.id, ki.chunks_with(term)).values())
+        pages &= set(legs.sources_of(legs.chunks_with(term)).values())
         if not pages:
             return []
     return [c for c in ids if source.get(c) in pages]
@@ -358,9 +362,15 @@ class Reranker:
 
 
 class Searcher:
-    """Runs searches against a store; keeps one query-embedding cache per call."""
+    """Runs searches against a store (local or team, ``store.base``); one query-embedding cache per call.
 
-    def __init__(self, store: Store, *, reranker: Reranker | None = None) -> None:
+    The status logic below — exact terms and their back-off, fusion, floor, weaker band,
+    per-source fill, the six statuses — is the only copy: the team server runs this same
+    class over its PostgreSQL store, and a knowledge base attached from a team server
+    (``remote``) hands back the statuses that the server computed with it.
+    """
+
+    def __init__(self, store: KnowledgeStore, *, reranker: Reranker | None = None) -> None:
         self.store = store
         self.reranker = reranker
 
@@ -422,35 +432,44 @@ class Searcher:
         try:
             kb = self.store.open_kb(ref)
             name = kb.record.name
+            if getattr(kb, "remote", False):  # a team knowledge base: its server ran this search
+                status, hits, t = kb.search(query, k=k, mode=mode, cutoff=cutoff, floor=floor,
+                                            per_source=per_source)
+                trace.setdefault("kbs", {})[kb.id] = t
+                return status, hits
             t0 = time.perf_counter()
-            vi, ki = kb.indexes()
+            legs = kb.legs()
             t["open_ms"] = _ms(t0)
+            empty = legs.is_empty()
         except LocalKBError as err:
             return self._unavailable(ref, name, cutoff, err, exact_terms), []
         trace.setdefault("kbs", {})[kb.id] = t
-        if len(vi) == 0 and ki.doc_count() == 0:
+        if empty:
             return KBStatus(kb.id, name, "empty", cutoff=cutoff, exact_terms=exact_terms,
                             missing_terms=exact_terms,
                             message="the knowledge base has no passages"), []
         t0 = time.perf_counter()
         try:
-            found = find_exact_terms(kb, ki, plan)
+            found = find_exact_terms(legs, plan)
         except LocalKBError as err:
             # Without the keyword index nobody can say which names are present: the search
             # still runs, and the trace says that the exact terms were not checked.
-            kb.catalog.log_error("rag-retrieval", err.code, str(err), kb_id=kb.id)
+            kb.log_error("rag-retrieval", err.code, str(err))
             found = [TermMatch(e, "unchecked") for e in plan.exact]
         t["exact_ms"] = _ms(t0)
         t["exact"] = {m.term.text: m.describe() for m in found}
         missing = [m.term.text for m in found if m.how == "missing"]
         want = fetch_k(k)
         while True:
-            got = self._candidates(kb, (vi, ki), query, plan, found, want=want, mode=mode,
+            got = self._candidates(kb, legs, query, plan, found, want=want, mode=mode,
                                    cutoff=cutoff, qcache=qcache, t=t)
             if isinstance(got, KBStatus):
                 return got, []
-            hits = self._hits(kb, name, got, plan, found, cutoff=cutoff, floor=floor,
-                              missing=missing)
+            try:
+                hits = self._hits(kb, legs, got, plan, found, cutoff=cutoff, floor=floor,
+                                  missing=missing)
+            except LocalKBError as err:
+                return self._unavailable(kb.id, name, cutoff, err, exact_terms), []
             if per_source is None:
                 break
             kept = {h.source_id for h in hits if h.relevant or not floor}
@@ -463,9 +482,9 @@ class Searcher:
         t["fetched"] = want
         degraded = got.embed_error is not None
         if degraded:
-            kb.catalog.log_error("rag-retrieval", got.embed_error.code,
-                                 f"vector search could not run, keyword results only: {got.embed_error}",
-                                 kb_id=kb.id)
+            kb.log_error("rag-retrieval", got.embed_error.code,
+                         f"vector search could not run, keyword results only: {got.embed_error}")
+        t.update(legs.trace)
         t["candidates"] = {n: len(v) for n, v in got.lists.items()}
         t["weights"] = {n: round(got.weights.get(n, 1.0), 3) for n in got.lists}
         if rerank and self.reranker is not None:
@@ -504,11 +523,10 @@ class Searcher:
         status.message = status.message or status_line(status)
         return status, relevant + below[:k]
 
-    def _candidates(self, kb: KnowledgeBase, indexes: tuple, query: str, plan: QueryPlan,
+    def _candidates(self, kb: KnowledgeBaseHandle, legs: Legs, query: str, plan: QueryPlan,
                     found: list[TermMatch], *, want: int, mode: str, cutoff: float,
                     qcache: dict, t: dict) -> Candidates | KBStatus:
         """The ranked lists of one knowledge base, ``want`` deep each (or its unavailable status)."""
-        vi, ki = indexes
         got = Candidates()
         terms = list(plan.terms)
         name = kb.record.name
@@ -518,7 +536,7 @@ class Searcher:
                 got.qvec = self._embed_query(kb, query, qcache)
                 t["embed_ms"] = _ms(t0)
                 t0 = time.perf_counter()
-                vh = vi.search(got.qvec, want, exact_below=self.store.settings.exact_search_below)
+                vh = legs.vector(got.qvec, want)
                 t["vector_ms"] = _ms(t0)
                 t["vector_exact"] = vh.exact
                 got.lists["vector"] = [int(x) for x in vh.keys]
@@ -534,14 +552,14 @@ class Searcher:
             try:
                 t0 = time.perf_counter()
                 extra = {a for m in found for a in m.extra_terms}
-                khits = ki.search(terms + sorted(extra), want)
+                khits = legs.keyword(terms + sorted(extra), want)
                 t["keyword_ms"] = _ms(t0)
             except LocalKBError as err:
                 if got.embed_error is not None or mode == "keyword":
                     return self._unavailable(kb.id, name, cutoff, got.embed_error or err,
                                              [e.text for e in plan.exact])
                 khits = []
-                kb.catalog.log_error("rag-retrieval", err.code, str(err), kb_id=kb.id)
+                kb.log_error("rag-retrieval", err.code, str(err))
                 t["keyword_error"] = str(err)
             got.saturated |= len(khits) >= want
             got.keyword_complete = len(khits) < want and "keyword_error" not in t
@@ -552,14 +570,14 @@ class Searcher:
                 if held or extra & h.terms:
                     h.terms = (h.terms - extra) | held
             got.lists["keyword"] = [vector_key(h.chunk_id) for h in khits]
-            n = ki.doc_count()
-            common = frozenset(t for t in terms if 2 * ki.doc_frequency(t) >= n) if khits else frozenset()
+            n = legs.doc_count()
+            common = frozenset(t for t in terms if 2 * legs.doc_frequency(t) >= n) if khits else frozenset()
             got.weights["keyword"] = keyword_weight(khits, len(terms), common)
             got.bm25.update((vector_key(h.chunk_id), (h.bm25, h.matched)) for h in khits)
             got.terms.update((vector_key(h.chunk_id), h.terms) for h in khits)
             present = [m for m in found if m.how in ("whole", "backoff")]
             if present:
-                self._exact_lists(kb, ki, got, khits, present, want=want, n_terms=len(terms))
+                self._exact_lists(legs, got, khits, present, want=want, n_terms=len(terms))
         if mode == "keyword":
             # The floor is on cosine for every hit, so keyword mode still embeds the query
             # (best effort): without it, only real keyword matches count as relevant.
@@ -569,9 +587,8 @@ class Searcher:
                 got.qvec = None
         return got
 
-    def _exact_lists(self, kb: KnowledgeBase, ki: KeywordIndex, got: Candidates,
-                     khits: Sequence[KeywordHit], present: list[TermMatch], *, want: int,
-                     n_terms: int) -> None:
+    def _exact_lists(self, legs: Legs, got: Candidates, khits: Sequence[KeywordHit],
+                     present: list[TermMatch], *, want: int, n_terms: int) -> None:
         """The lists of the query's exact terms: passages holding them, and those defining them.
 
         ``exact``: passages holding the terms (whole or through their back-off), most of them
@@ -598,12 +615,12 @@ class Searcher:
         # Where a name is defined is looked for among every passage holding it (a definition
         # is short and says the name once: BM25 can rank it below the pages that repeat it).
         for m in present:
-            if m.how == "whole" and ki.doc_frequency(m.term.term) <= MAX_FETCH:
-                for cid in ki.chunks_with(m.term.term, limit=MAX_FETCH):
+            if m.how == "whole" and legs.doc_frequency(m.term.term) <= MAX_FETCH:
+                for cid in legs.chunks_with(m.term.term, limit=MAX_FETCH):
                     holds.setdefault(vector_key(cid), set()).add(m.term.term)
-        rows = kb.catalog.hits_by_vkey(kb.id, list(holds))
+        rows = legs.rows(list(holds), None)
         defined = {key: n for key, row in rows.items()
-                   if (n := defined_terms(present, row["title"], row["text"]))}
+                   if (n := defined_terms(present, row.title, row.text))}
         if defined:
             got.lists["defines"] = sorted(defined, key=lambda key: (defined[key], *rank(key)),
                                           reverse=True)[:want]
@@ -611,11 +628,12 @@ class Searcher:
             # the query's terms (1 for a query that is a name, 1/4 for a question naming one).
             got.weights["defines"] = min(1.0, len(present) / max(1, n_terms))
 
-    def _hits(self, kb: KnowledgeBase, name: str, got: Candidates, plan: QueryPlan,
+    def _hits(self, kb: KnowledgeBaseHandle, legs: Legs, got: Candidates, plan: QueryPlan,
               found: list[TermMatch], *, cutoff: float, floor: bool, missing: list[str]) -> list[Hit]:
         """The fused candidates as hits, each marked relevant (above the floor) or not."""
+        name = kb.record.name
         fused = rrf(got.lists, self.store.settings.rrf_k, got.weights)
-        rows = kb.catalog.hits_by_vkey(kb.id, list(fused))
+        rows = legs.rows(list(fused), got.qvec)
         hits: list[Hit] = []
         need_terms = len(plan.terms) / 2
         wanted = [m for m in found if m.how in ("whole", "backoff")]
@@ -625,8 +643,8 @@ class Searcher:
             if row is None:  # an index entry without a catalogue row is never served
                 continue
             cos = got.sims.get(key)
-            if cos is None and got.qvec is not None:
-                cos = float(np.dot(blob_vector(row["vector"]), got.qvec))
+            if cos is None:
+                cos = row.cosine
             b, matched = got.bm25.get(key, (None, 0))
             keyword_match = b is not None and b > 0 and matched > need_terms
             counts = keyword_match or (cos is not None and cos >= cutoff)
@@ -637,22 +655,22 @@ class Searcher:
                 terms = got.terms.get(key)
                 if terms is None and not got.keyword_complete:
                     # Not among the keyword hits that were fetched: read the passage itself.
-                    terms = frozenset(t for t, _ in analyze(passage_text(row["title"], row["text"])))
-                lacks += [m.term.text for m in wanted if not m.held_by(row["id"], terms)]
+                    terms = frozenset(t for t, _ in analyze(passage_text(row.title, row.text)))
+                lacks += [m.term.text for m in wanted if not m.held_by(row.id, terms)]
                 held = len(wanted) - (len(lacks) - len(missing))
                 counts = counts and held > 0
             hits.append(Hit(
-                kb=kb.id, kb_name=name, chunk_id=row["id"], source_id=row["source_id"],
-                title=row["title"], url=row["url"], file_name=row["file_name"],
-                chunk_index=row["idx"], chunk_count=row["chunk_count"], page=row["page"],
-                text=row["text"], score=round(score, 6), cosine=None if cos is None else round(cos, 6),
+                kb=kb.id, kb_name=name, chunk_id=row.id, source_id=row.source_id,
+                title=row.title, url=row.url, file_name=row.file_name,
+                chunk_index=row.idx, chunk_count=row.chunk_count, page=row.page,
+                text=row.text, score=round(score, 6), cosine=None if cos is None else round(cos, 6),
                 bm25=None if b is None else round(b, 4), matched_terms=matched,
                 lists=[n for n, items in got.lists.items() if key in items],
                 relevant=(counts and not missing) or not floor, degraded=degraded,
                 missing_terms=lacks, would_count=counts))
         return hits
 
-    def _embed_query(self, kb: KnowledgeBase, query: str, qcache: dict) -> np.ndarray:
+    def _embed_query(self, kb: KnowledgeBaseHandle, query: str, qcache: dict) -> np.ndarray:
         model = kb.record.model
         cached = qcache.get(model)
         if isinstance(cached, LocalKBError):
@@ -668,8 +686,8 @@ class Searcher:
 
     def _unavailable(self, kb_id: str, name: str, cutoff: float, err: LocalKBError,
                      exact_terms: list[str]) -> KBStatus:
-        self.store.catalog.log_error("rag-retrieval", err.code, f"search could not run: {err}",
-                                     kb_id=kb_id if kb_id.startswith("kb_") else None)
+        self.store.log_error("rag-retrieval", err.code, f"search could not run: {err}",
+                             kb_id=kb_id if kb_id.startswith(("kb_", "tkb_")) else None)
         return KBStatus(kb_id, name, "unavailable", cutoff=cutoff, error=err.to_dict(),
                         exact_terms=exact_terms,
                         message=("the search could not run, so this says nothing about what is "

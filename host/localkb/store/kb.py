@@ -16,7 +16,8 @@ import threading
 import time
 import unicodedata
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,21 +32,56 @@ from localkb.errors import (
     KnowledgeBaseNotFound,
     LocalKBError,
     ModelMismatch,
+    SourceNotFound,
+    StoreError,
 )
 from localkb.ingest.chunk import passage_text
 from localkb.locks import FileLock
 from localkb.perms import private_dir, tighten
 from localkb.staging import Staging
 from localkb.store import keyword_engine as keyword_engine_mod
-from localkb.store.catalog import Catalog, KBRecord, blob_vector, valid_vector
+from localkb.store.base import (
+    Existing,
+    KnowledgeBaseHandle,
+    KnowledgeStore,
+    Legs,
+    PassageRow,
+    Snapshot,
+    SourceWrite,
+)
+from localkb.store.catalog import (
+    Catalog,
+    KBRecord,
+    blob_vector,
+    chunk_id,
+    source_id,
+    valid_vector,
+    vector_blob,
+    vector_key,
+)
 from localkb.store.keyword_engine import KeywordEngine
-from localkb.store.vectors import VectorIndex
+from localkb.store.keywords import KeywordHit
+from localkb.store.vectors import VectorHits, VectorIndex
 from localkb.strings import clean_name, string_problem
 
 PRIVACY = ("device", "cloud")
 #: Chunks read at a time when the derived indexes catch up with a write, and per keyword commit.
 APPLY_SLICE = 2048
 APPLY_COMMIT = 8192
+_STAGING = """
+CREATE TABLE IF NOT EXISTS reembed_staging (
+    kb_id TEXT NOT NULL REFERENCES kbs(id) ON DELETE CASCADE,
+    chunk_id TEXT NOT NULL,
+    model TEXT NOT NULL,
+    text_hash TEXT NOT NULL,
+    vector BLOB NOT NULL,
+    PRIMARY KEY (kb_id, chunk_id)
+)
+"""
+_MISSING = (
+    "SELECT c.id FROM chunks c LEFT JOIN reembed_staging r ON r.kb_id = c.kb_id AND r.chunk_id = c.id "
+    "AND r.model = ? AND r.text_hash = c.text_hash WHERE c.kb_id = ? AND r.chunk_id IS NULL "
+    "ORDER BY c.rowid")
 
 
 @dataclass
@@ -59,7 +95,7 @@ class Change:
         return bool(self.upserted or self.deleted)
 
 
-class Store:
+class Store(KnowledgeStore):
     """A data directory: the catalogue plus one folder of derived indexes per knowledge base."""
 
     def __init__(self, settings: Settings) -> None:
@@ -95,7 +131,7 @@ class Store:
 
     def create_kb(self, name: str, *, privacy: str = "device", model: str | None = None,
                   keyword_engine: str | None = None) -> KBRecord:
-        name = _check_name(name)
+        name = check_name(name)
         engine = keyword_engine_mod.check_choice(keyword_engine or self.settings.keyword_engine)
         if privacy not in PRIVACY:
             raise InvalidInput(f"privacy must be 'device' or 'cloud', not {privacy!r}")
@@ -129,7 +165,7 @@ class Store:
             try:
                 with self.catalog.tx() as db:
                     if name is not None:
-                        db.execute("UPDATE kbs SET name = ? WHERE id = ?", (_check_name(name), rec.id))
+                        db.execute("UPDATE kbs SET name = ? WHERE id = ?", (check_name(name), rec.id))
                     if privacy is not None:
                         db.execute("UPDATE kbs SET privacy = ? WHERE id = ?", (privacy, rec.id))
             except LocalKBError as err:
@@ -156,6 +192,25 @@ class Store:
                 kb.close()
             shutil.rmtree(self.kb_dir(rec.id), ignore_errors=True)
         return rec
+
+    def record(self, kb_id: str) -> KBRecord | None:
+        return self.catalog.kb(kb_id) if isinstance(kb_id, str) else None
+
+    def generation(self, kb_id: str) -> int | None:
+        return self.catalog.generation(kb_id)
+
+    def counts(self, kb_id: str) -> dict:
+        return self.catalog.counts(kb_id)
+
+    def passage_window(self, kb_id: str, source_id: str, idx: int, radius: int) -> list[dict]:
+        return [dict(r) for r in self.catalog.passage_window(source_id, idx, radius)]
+
+    def log_error(self, source: str, code: str, message: str, *, kb_id: str | None = None,
+                  ref: str | None = None, detail: dict | None = None) -> None:
+        self.catalog.log_error(source, code, message, kb_id=kb_id, ref=ref, detail=detail)
+
+    def log_query(self, kind: str, query: str, kb_ids: list[str], trace: dict) -> None:
+        self.catalog.log_query(kind, query, kb_ids, trace)
 
     def kb_dir(self, kb_id: str) -> Path:
         return self.root / "kbs" / kb_id
@@ -190,12 +245,15 @@ def _usable(load: Callable[[], VectorIndex | KeywordEngine], gen: int, pruned: i
     return index if pruned <= index.generation <= gen else None
 
 
-def _check_name(name: object) -> str:
-    """A knowledge base name: NFC, 1-80 characters, no / or \\, nothing deceptive (``clean_name``)."""
+def check_name(name: object) -> str:
+    """A knowledge base name: NFC, 1-80 characters, no / or \\, nothing deceptive (``clean_name``).
+
+    The team store names its knowledge bases by the same rule.
+    """
     return clean_name(name, what="a knowledge base name", max_len=80, forbid="/\\")
 
 
-class KnowledgeBase:
+class KnowledgeBase(KnowledgeBaseHandle):
     """One knowledge base: its record, its embedder and its two derived indexes."""
 
     def __init__(self, store: Store, record: KBRecord) -> None:
@@ -351,7 +409,7 @@ class KnowledgeBase:
             for start in range(0, len(group), APPLY_SLICE):
                 part = group[start : start + APPLY_SLICE]
                 marks = ",".join("?" * len(part))
-                present = {r[0] for r in db.execute(f"SELECT id FROM chunks WHERE id IN ({marks})",  # noqa: S608
+                present = {r[0] for r in db.execute(f"SELECT id FROM chunks WHERE id IN ({marks})",
                                                     [c for c, _ in part])}
                 gone += [(c, k) for c, k in part if c not in present]
             if vi is not None:
@@ -456,6 +514,223 @@ class KnowledgeBase:
             self.record = self.store.resolve(self.id)
             return gen
 
+    # -- the store seam: ingestion ----------------------------------------------
+    def source_state(self, sid: str) -> tuple[str, int] | None:
+        row = self.catalog.db.execute("SELECT content_hash, chunk_count FROM sources WHERE id = ?",
+                                      (sid,)).fetchone()
+        return (row["content_hash"], row["chunk_count"]) if row else None
+
+    def existing_chunks(self, sid: str, db: sqlite3.Connection | None = None) -> Existing:
+        db = db or self.catalog.db
+        return {r[0]: (r[1], valid_vector(r[2], self.record.dim))
+                for r in db.execute("SELECT id, text_hash, vector FROM chunks WHERE source_id = ?",
+                                    (sid,))}
+
+    def write_sources(self, writes: Sequence[SourceWrite]) -> dict[str, Existing]:
+        """One catalogue transaction for all of ``writes``: each source lands whole or not at all."""
+        now = time.time()
+        befores: dict[str, Existing] = {}
+
+        def mutate(db: sqlite3.Connection) -> Change:
+            change = Change()
+            for w in writes:
+                befores[w.id] = self.existing_chunks(w.id, db)
+                row = db.execute("SELECT added_at FROM sources WHERE id = ?", (w.id,)).fetchone()
+                db.execute(
+                    "INSERT INTO sources (id, kb_id, key, type, title, url, file_name, content_hash, "
+                    "captured_by, chunk_count, pages, lang, added_at, updated_at) "
+                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET "
+                    "type=excluded.type, title=excluded.title, url=excluded.url, "
+                    "file_name=excluded.file_name, content_hash=excluded.content_hash, "
+                    "captured_by=excluded.captured_by, chunk_count=excluded.chunk_count, "
+                    "pages=excluded.pages, lang=excluded.lang, updated_at=excluded.updated_at",
+                    (w.id, self.id, w.key, w.type, w.title, w.url, w.file_name, w.content_hash,
+                     w.captured_by, w.chunk_count, w.pages, w.lang,
+                     row["added_at"] if row else now, now))
+                for c in w.chunks:
+                    db.execute(
+                        "INSERT INTO chunks (id, vkey, kb_id, source_id, idx, text, text_hash, page, "
+                        "tokens, vector, indexed_by, indexed_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?) "
+                        "ON CONFLICT(id) DO UPDATE SET text=excluded.text, "
+                        "text_hash=excluded.text_hash, page=excluded.page, tokens=excluded.tokens, "
+                        "vector=excluded.vector, indexed_by=excluded.indexed_by, "
+                        "indexed_at=excluded.indexed_at",
+                        (c.id, vector_key(c.id), self.id, w.id, c.idx, c.text, c.text_hash, c.page,
+                         c.tokens, vector_blob(c.vector), c.indexed_by, now))
+                    change.upserted.append((c.id, vector_key(c.id)))
+                stale = [cid for cid in befores[w.id] if cid not in w.keep]
+                db.executemany("DELETE FROM chunks WHERE id = ?", [(cid,) for cid in stale])
+                change.deleted.extend((cid, vector_key(cid)) for cid in stale)
+            return change
+
+        self.write(mutate)
+        return befores
+
+    def remove_source(self, ref: str) -> dict:
+        row = self.catalog.db.execute(
+            "SELECT id, title FROM sources WHERE kb_id = ? AND (id = ? OR key = ? OR url = ? OR key = ?)",
+            (self.id, ref, ref, ref, "file:" + str(Path(ref).expanduser().resolve()))).fetchone()
+        if row is None:
+            raise SourceNotFound(f"no source {ref!r} in {self.record.name!r}")
+        sid = row["id"]
+        removed: list[tuple[str, int]] = []
+
+        def mutate(db: sqlite3.Connection) -> Change:
+            ids = [(r[0], r[1]) for r in db.execute("SELECT id, vkey FROM chunks WHERE source_id = ?",
+                                                    (sid,))]
+            removed.extend(ids)
+            db.execute("DELETE FROM chunks WHERE source_id = ?", (sid,))
+            db.execute("DELETE FROM sources WHERE id = ?", (sid,))
+            return Change(deleted=ids)
+
+        self.write(mutate)
+        return {"source_id": sid, "title": row["title"], "removed_chunks": len(removed)}
+
+    def list_sources(self, *, offset: int = 0, limit: int = 100) -> tuple[list[dict], int]:
+        db = self.catalog.db
+        total = db.execute("SELECT COUNT(*) FROM sources WHERE kb_id = ?", (self.id,)).fetchone()[0]
+        rows = db.execute(
+            "SELECT s.*, (SELECT COUNT(*) FROM chunks c WHERE c.source_id = s.id) AS stored "
+            "FROM sources s WHERE kb_id = ? ORDER BY added_at, id LIMIT ? OFFSET ?",
+            (self.id, limit, offset)).fetchall()
+        return [{"id": r["id"], "title": r["title"], "url": r["url"], "file_name": r["file_name"],
+                 "type": r["type"], "chunks": r["stored"], "chunk_count": r["chunk_count"],
+                 "pages": r["pages"], "captured_by": r["captured_by"], "added_at": r["added_at"],
+                 "updated_at": r["updated_at"]} for r in rows], total
+
+    # -- the store seam: search ---------------------------------------------------
+    def legs(self) -> LocalLegs:
+        vi, ki = self.indexes()
+        return LocalLegs(self, vi, ki)
+
+    # -- the store seam: portable -------------------------------------------------
+    @contextmanager
+    def snapshot(self) -> Iterator[Snapshot]:
+        """A read-only connection of its own: one transaction on it is one consistent snapshot (WAL)."""
+        uri = self.catalog.path.resolve().as_uri() + "?mode=ro"
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA busy_timeout=60000")
+        try:
+            conn.execute("BEGIN")
+            rec = conn.execute("SELECT * FROM kbs WHERE id = ?", (self.id,)).fetchone()
+            if rec is None:
+                raise InvalidInput(f"knowledge base {self.record.name!r} was deleted")
+            n_sources = conn.execute("SELECT COUNT(*) FROM sources WHERE kb_id = ?", (self.id,)).fetchone()[0]
+            n_chunks = conn.execute("SELECT COUNT(*) FROM chunks WHERE kb_id = ?", (self.id,)).fetchone()[0]
+            sources = (dict(r) for r in conn.execute(
+                "SELECT * FROM sources WHERE kb_id = ? ORDER BY added_at, id", (self.id,)))
+            chunks = (dict(r) for r in conn.execute(
+                "SELECT id, source_id, idx, text, page, tokens, text_hash, indexed_by, indexed_at, "
+                "vector FROM chunks WHERE kb_id = ? ORDER BY source_id, idx", (self.id,)))
+            yield Snapshot(record=dict(rec), n_sources=n_sources, n_chunks=n_chunks,
+                           sources=sources, chunks=chunks)
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+
+    def import_rows(self, sources: Sequence[dict], chunks: Sequence[dict], vectors: np.ndarray) -> None:
+        new_sid = {s["id"]: source_id(self.id, s["key"]) for s in sources}
+
+        def mutate(db: sqlite3.Connection) -> Change:
+            db.executemany(
+                "INSERT INTO sources (id, kb_id, key, type, title, url, file_name, content_hash, "
+                "captured_by, chunk_count, pages, lang, added_at, updated_at) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                [(new_sid[s["id"]], self.id, s["key"], s["type"], s["title"], s["url"],
+                  s["file_name"], s["content_hash"], s["captured_by"], s["chunk_count"],
+                  s["pages"], s["lang"], s["added_at"], s["updated_at"]) for s in sources])
+            change = Change()
+            rows = []
+            for c, vec in zip(chunks, vectors, strict=True):
+                sid = new_sid[c["source"]]
+                cid = chunk_id(self.id, sid, c["index"])
+                rows.append((cid, vector_key(cid), self.id, sid, c["index"], c["text"],
+                             c["text_hash"], c["page"], c["tokens"], vector_blob(vec),
+                             c["indexed_by"], c["indexed_at"]))
+                change.upserted.append((cid, vector_key(cid)))
+            db.executemany(
+                "INSERT INTO chunks (id, vkey, kb_id, source_id, idx, text, text_hash, page, "
+                "tokens, vector, indexed_by, indexed_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+            return change
+
+        self.write(mutate)
+
+    # -- the store seam: re-embedding (ingest/reembed.py) --------------------------------
+    def _staging(self) -> sqlite3.Connection:
+        db = self.catalog.db
+        try:
+            db.execute(_STAGING)  # idempotent DDL: catalogues from before re-embedding have none
+        except sqlite3.Error as err:
+            raise StoreError(f"cannot create the re-embedding staging table: {err}") from err
+        return db
+
+    def staged_count(self) -> int:
+        return self._staging().execute("SELECT COUNT(*) FROM reembed_staging WHERE kb_id = ?",
+                                       (self.id,)).fetchone()[0]
+
+    def clear_staging(self, keep_model: str | None) -> None:
+        self._staging()
+        with self.catalog.tx() as db:
+            db.execute("DELETE FROM reembed_staging WHERE kb_id = ? AND model != ?",
+                       (self.id, keep_model or ""))
+
+    def reembed_missing(self, model: str) -> list[str]:
+        return [r[0] for r in self._staging().execute(_MISSING, (model, self.id))]
+
+    def chunk_texts(self, ids: Sequence[str]) -> list[dict]:
+        out: list[dict] = []
+        ids = list(ids)
+        for start in range(0, len(ids), 500):
+            part = ids[start : start + 500]
+            marks = ",".join("?" * len(part))  # only placeholders are interpolated
+            out += [dict(r) for r in self.catalog.db.execute(
+                "SELECT c.id, c.text, c.text_hash, s.title FROM chunks c JOIN sources s "
+                f"ON s.id = c.source_id WHERE c.kb_id = ? AND c.id IN ({marks})", [self.id, *part])]
+        return out
+
+    def stage_vectors(self, model: str, rows: Sequence[tuple[str, str, np.ndarray]]) -> None:
+        self._staging()
+        with self.catalog.tx() as db:
+            db.executemany(
+                "INSERT OR REPLACE INTO reembed_staging (kb_id, chunk_id, model, text_hash, vector) "
+                "VALUES (?,?,?,?,?)", [(self.id, cid, model, h, vector_blob(v)) for cid, h, v in rows])
+
+    @contextmanager
+    def writers_paused(self) -> Iterator[None]:
+        with self.store.lock.hold():
+            yield
+
+    def switch_model(self, model: str, dim: int) -> int:
+        """One transaction: every vector from staging, the new model, a new generation; or nothing."""
+        from localkb.errors import EmbeddingUnavailable
+
+        with self.catalog.tx() as db:
+            left = db.execute(_MISSING.replace("SELECT c.id", "SELECT COUNT(*)"),
+                              (model, self.id)).fetchone()[0]
+            if left:
+                raise EmbeddingUnavailable(f"{left} chunks have no {model} vector; nothing was switched")
+            db.execute(
+                "UPDATE chunks SET vector = (SELECT r.vector FROM reembed_staging r "
+                "WHERE r.kb_id = chunks.kb_id AND r.chunk_id = chunks.id) "
+                "WHERE kb_id = ?", (self.id,))
+            db.execute("UPDATE kbs SET model = ?, dim = ?, generation = generation + 1 WHERE id = ?",
+                       (model, dim, self.id))
+            gen = db.execute("SELECT generation FROM kbs WHERE id = ?", (self.id,)).fetchone()[0]
+            # No index built before this generation may be caught up: all are rebuilt.
+            db.execute("DELETE FROM changes WHERE kb_id = ?", (self.id,))
+            db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (f"pruned:{self.id}", str(gen)))
+            db.execute("DELETE FROM reembed_staging WHERE kb_id = ?", (self.id,))
+        return gen
+
+    def after_switch(self, old_model: str) -> None:
+        """Build the new model's indexes; drop the old model's vector index file."""
+        self.indexes()
+        old = self.dir / f"vectors-{old_model}.usearch"
+        old.unlink(missing_ok=True)
+        old.with_suffix(".json").unlink(missing_ok=True)
+        old.with_suffix(".log").unlink(missing_ok=True)
+
     # -- health ----------------------------------------------------------------
     def health(self, *, repair: bool = False) -> dict:
         """Counts across SQLite, usearch and the keyword engine, and whether they agree."""
@@ -546,3 +821,47 @@ class KnowledgeBase:
             after = self.health()
             report["problems_after_repair"] = after["problems"]
         return report
+
+
+class LocalLegs(Legs):
+    """usearch and Whoosh at the catalogue's generation; rows from the catalogue."""
+
+    def __init__(self, kb: KnowledgeBase, vi: VectorIndex, ki: KeywordEngine) -> None:
+        self.kb = kb
+        self.vi = vi
+        self.ki = ki
+        self.trace: dict = {}
+
+    def is_empty(self) -> bool:
+        return len(self.vi) == 0 and self.ki.doc_count() == 0
+
+    def vector(self, qvec: np.ndarray, count: int) -> VectorHits:
+        return self.vi.search(qvec, count, exact_below=self.kb.store.settings.exact_search_below)
+
+    def keyword(self, terms: list[str], count: int) -> list[KeywordHit]:
+        return self.ki.search(terms, count)
+
+    def doc_count(self) -> int:
+        return self.ki.doc_count()
+
+    def doc_frequency(self, term: str) -> int:
+        return self.ki.doc_frequency(term)
+
+    def phrase(self, terms: Sequence[str], limit: int = 1000) -> list[str]:
+        return self.ki.phrase(tuple(terms), limit)
+
+    def chunks_with(self, term: str, limit: int = 20_000) -> list[str]:
+        return self.ki.chunks_with(term, limit)
+
+    def sources_of(self, chunk_ids: Sequence[str]) -> dict[str, str]:
+        return self.kb.catalog.sources_of(self.kb.id, chunk_ids)
+
+    def rows(self, keys: Sequence[int], qvec: np.ndarray | None) -> dict[int, PassageRow]:
+        out = {}
+        for key, r in self.kb.catalog.hits_by_vkey(self.kb.id, list(keys)).items():
+            cos = None if qvec is None else float(np.dot(blob_vector(r["vector"]), qvec))
+            out[key] = PassageRow(vkey=key, id=r["id"], source_id=r["source_id"], idx=r["idx"],
+                                  text=r["text"], page=r["page"], title=r["title"], url=r["url"],
+                                  file_name=r["file_name"], type=r["type"],
+                                  chunk_count=r["chunk_count"], cosine=cos)
+        return out

@@ -1,0 +1,1 @@
+"""The team server: shared knowledge bases on PostgreSQL + pgvector, access checked before retrieval."""

@@ -1,0 +1,406 @@
+"""``localkb team …``: run the team server, administer it, attach to one. Parse, call the core, print.
+
+Administration (users, roles, grants, tokens, knowledge bases) talks to the team
+database directly, as ``createuser`` does: ``--db URL`` (or ``LOCALKB_TEAM_DB``) for
+an existing PostgreSQL, else the embedded one in ``--dir`` (default ``<data dir>/team``),
+started for the command and stopped after it when no ``team serve`` is running there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+from localkb.config import Settings
+from localkb.errors import InvalidInput
+
+
+def _settings() -> Settings:
+    return Settings.from_env()
+
+
+def _team_dir(args) -> Path:
+    return Path(args.dir).expanduser() if args.dir else _settings().data_dir / "team"
+
+
+@contextmanager
+def admin_database(args):
+    """The team database for one admin command (the embedded cluster started only if needed)."""
+    from localkb.team.db import Database
+    from localkb.team.embedded import EmbeddedPostgres
+
+    url = args.db or os.environ.get("LOCALKB_TEAM_DB")
+    pg = None
+    if url is None:
+        pg = EmbeddedPostgres(_team_dir(args))
+        if pg.acquire(wait=False):
+            url = pg.start()  # no server runs here: start it for this command
+        else:
+            url = pg.url()  # a ``team serve`` holds the cluster: use it as it runs
+            pg = None
+    try:
+        db = Database(url, min_size=1, max_size=2)
+        try:
+            yield db
+        finally:
+            db.close()
+    finally:
+        if pg is not None:
+            pg.stop()
+            pg.release()
+
+
+@contextmanager
+def throwaway_team_store(url: str | None):
+    """A team store in a database of its own, dropped afterwards (evals and benchmarks)."""
+    import shutil
+    import tempfile
+    import uuid
+
+    import psycopg
+
+    from localkb.team.db import Database
+    from localkb.team.embedded import EmbeddedPostgres
+
+    pg = base = None
+    if url is None:
+        base = Path(tempfile.mkdtemp(prefix="localkb-eval-pg-"))
+        pg = EmbeddedPostgres(base / "team")
+        pg.acquire()
+        url = pg.start()
+    name = "eval_" + uuid.uuid4().hex[:10]
+    admin_url = url
+    try:
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        own = psycopg.conninfo.make_conninfo(url, dbname=name)
+        db = Database(own)
+        try:
+            yield _system_store(db)
+        finally:
+            db.close()
+            with psycopg.connect(admin_url, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        if pg is not None:
+            pg.stop()
+            pg.release()
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def _system_store(db):
+    from localkb.team.access import Access
+    from localkb.team.store import TeamStore
+
+    return TeamStore(db, _settings(), Access.system())
+
+
+# -- serve ------------------------------------------------------------------------------
+def cmd_serve(args, out) -> int:
+    import logging
+
+    from localkb.team.server import serve
+
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"localkb team: listening on {args.host} over plain HTTP: tokens and passages cross the "
+              "network in the clear unless a TLS proxy sits in front", file=sys.stderr)
+
+    def ready(url: str) -> None:
+        where = "the PostgreSQL at --db" if args.db else f"the embedded PostgreSQL in {_team_dir(args)}"
+        print(f"localkb team server {args.name!r} listening on {url} (database: {where})", flush=True)
+
+    serve(args.db or os.environ.get("LOCALKB_TEAM_DB"), team_dir=_team_dir(args), host=args.host,
+          port=args.port, name=args.name, settings=_settings(), ready=ready, stop=stop)
+    print("localkb team server stopped", flush=True)
+    return 0
+
+
+# -- admin --------------------------------------------------------------------------------
+def cmd_user(args, out) -> int:
+    from localkb.team.access import Directory
+
+    with admin_database(args) as db:
+        d = Directory(db)
+        if args.action == "add":
+            res = d.add_user(args.name, admin=args.admin, roles=args.role or [])
+            text = f"added user {res['name']} (roles: {', '.join(res['roles']) or 'none'})"
+        elif args.action == "remove":
+            res = d.remove_user(args.name)
+            text = f"removed user {res['removed']} and their tokens"
+        elif args.action == "roles":
+            res = d.set_user_roles(args.name, add=args.add or [], remove=args.remove or [])
+            text = f"{res['name']}: roles {', '.join(res['roles']) or 'none'}"
+        else:
+            res = {"users": d.users()}
+            text = "\n".join(f"{u['name']:20} {'admin ' if u['admin'] else ''}roles: "
+                             f"{', '.join(u['roles']) or '-'}; live tokens: "
+                             f"{sum(1 for t in u['tokens'] if t['revoked'] is None)}"
+                             for u in res["users"]) or "no users yet: localkb team user add NAME"
+    out.emit(res, text)
+    return 0
+
+
+def cmd_role(args, out) -> int:
+    from localkb.team.access import Directory
+
+    with admin_database(args) as db:
+        d = Directory(db)
+        if args.action == "add":
+            res = d.add_role(args.name, args.clearance)
+            text = f"added role {res['name']} (clearance {res['clearance']})"
+        elif args.action == "remove":
+            res = d.remove_role(args.name)
+            text = f"removed role {res['removed']} and its grants"
+        elif args.action == "clearance":
+            res = d.set_clearance(args.name, args.clearance)
+            text = f"{res['name']}: clearance {res['clearance']}"
+        else:
+            res = {"roles": d.roles()}
+            text = "\n".join(f"{r['name']:20} {r['clearance']:13} "
+                             + (", ".join(f"{g['kb_name']}{' (write)' if g['write'] else ''}"
+                                          for g in r["grants"]) or "no grants")
+                             for r in res["roles"]) or "no roles yet: localkb team role add NAME"
+    out.emit(res, text)
+    return 0
+
+
+def cmd_grant(args, out) -> int:
+    from localkb.team.access import Directory
+
+    with admin_database(args) as db:
+        rec = _system_store(db).resolve(args.kb)
+        d = Directory(db)
+        if args.command_name == "grant":
+            res = d.grant(args.role, rec.id, write=args.write)
+            text = f"{args.role} may now {'read and write' if args.write else 'read'} {rec.name}"
+        else:
+            res = d.revoke(args.role, rec.id)
+            text = f"{args.role} may no longer read {rec.name} (from its next query)"
+    out.emit(res, text)
+    return 0
+
+
+def cmd_token(args, out) -> int:
+    from localkb.team.access import Directory
+
+    with admin_database(args) as db:
+        d = Directory(db)
+        if args.action == "create":
+            res = d.create_token(args.user, args.name)
+            text = (f"{res['token']}\n(the only time this token is shown: give it to {res['user']}; "
+                    f"revoke with `localkb team token revoke {res['id']}`)")
+        else:
+            res = d.revoke_token(args.id)
+            text = f"revoked token {res['revoked']} (refused from its next request)"
+    out.emit(res, text)
+    return 0
+
+
+def cmd_kb(args, out) -> int:
+    from localkb.team.access import level_of
+
+    with admin_database(args) as db:
+        store = _system_store(db)
+        if args.action == "create":
+            rec = store.create_kb(args.name, privacy=args.privacy, model=args.model,
+                                  default_access=level_of(args.default_access))
+            res = store.describe(rec)
+            text = f"created team knowledge base {rec.name} ({rec.id}, {rec.privacy})"
+        elif args.action == "update":
+            rec = store.update_kb(args.kb, name=args.name, privacy=args.privacy,
+                                  default_access=None if args.default_access is None
+                                  else level_of(args.default_access))
+            res = store.describe(rec)
+            text = f"updated {rec.name} ({rec.privacy}, new sources {res['default_access']})"
+        elif args.action == "reembed":
+            from localkb.ingest.reembed import reembed
+
+            res = reembed(store, args.kb, args.model, batch_size=args.batch_size).to_dict()
+            text = res["summary"]
+        elif args.action == "delete":
+            rec = store.delete_kb(args.kb)
+            res = {"deleted": rec.id, "name": rec.name}
+            text = f"deleted team knowledge base {rec.name}"
+        else:
+            rows = [store.describe(r) for r in store.kbs()]
+            res = {"knowledge_bases": rows}
+            text = "\n".join(f"{r['name'][:24]:24} {r['privacy']:7} {r['sources']:>7} sources "
+                             f"{r['chunks']:>7} chunks  new sources {r['default_access']:12} {r['id']}"
+                             for r in rows) or "no team knowledge bases yet: localkb team kb create NAME"
+    out.emit(res, text)
+    return 0
+
+
+# -- attach -------------------------------------------------------------------------------
+def cmd_attach(args, out) -> int:
+    from localkb.team.attached import attach
+
+    if not args.token_stdin:
+        raise InvalidInput("give the token on stdin: localkb team attach URL --token-stdin < token-file")
+    res = attach(_settings().data_dir, args.url, sys.stdin.readline().strip(), name=args.name)
+    names = ", ".join(k["name"] for k in res["knowledge_bases"]) or "none yet"
+    out.emit(res, f"attached team {res['team']} at {res['url']} as {res['user']}: knowledge bases {names}")
+    return 0
+
+
+def cmd_detach(args, out) -> int:
+    from localkb.team.attached import detach
+
+    res = detach(_settings().data_dir, args.name)
+    out.emit(res, f"detached {res['detached']}")
+    return 0
+
+
+def cmd_teams(args, out) -> int:
+    from localkb.store.kb import Store
+    from localkb.team.attached import Library
+
+    lib = Library(Store(_settings()))
+    states = {s["team"]: s for s in lib.refresh()}
+    res = {"teams": [{**t.public(), "reachable": states[t.name]["ok"],
+                      "error": states[t.name].get("error")} for t in lib.teams]}
+    text = "\n".join(f"{t['name']:16} {t['url']:32} {t['knowledge_bases']} knowledge bases "
+                     + ("" if t["reachable"] else f"UNREACHABLE: {t['error']['message']}")
+                     for t in res["teams"]) or "no team attached: localkb team attach URL --token-stdin"
+    out.emit(res, text)
+    return 0
+
+
+def cmd_set_access(args, out) -> int:
+    from localkb.store.kb import Store
+    from localkb.team.attached import Library
+
+    kb = Library(Store(_settings())).open_kb(args.kb)
+    if not getattr(kb, "remote", False):
+        raise InvalidInput(f"{kb.record.name!r} is a local knowledge base: access levels are a team's")
+    res = kb.set_access(args.source, args.level)
+    out.emit(res, f"{res['title']}: {res['was']} -> {res['access']} ({res['chunks']} passages)")
+    return 0
+
+
+# -- parser -------------------------------------------------------------------------------
+def add_parser(sub, common: argparse.ArgumentParser) -> None:
+    """The ``team`` command group."""
+    from localkb.team.schema import LEVELS
+
+    db = argparse.ArgumentParser(add_help=False)
+    db.add_argument("--db", default=None, help="PostgreSQL URL (default: LOCALKB_TEAM_DB, else embedded)")
+    db.add_argument("--dir", default=None, help="the embedded PostgreSQL's folder (default <data dir>/team)")
+    team = sub.add_parser("team", help="the team server: serve, administer, attach")
+    ts = team.add_subparsers(dest="team_command", required=True)
+
+    c = ts.add_parser("serve", parents=[common, db], help="run the team server (embedded PostgreSQL "
+                                                           "unless --db)")
+    c.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    c.add_argument("--port", type=int, default=8765)
+    c.add_argument("--name", default="team", help="the team's name, shown beside its knowledge bases")
+    c.set_defaults(func=cmd_serve)
+
+    user = ts.add_parser("user", help="add, remove and list users")
+    us = user.add_subparsers(dest="action", required=True)
+    c = us.add_parser("add", parents=[common, db])
+    c.add_argument("name")
+    c.add_argument("--role", action="append", help="a role to give (repeatable)")
+    c.add_argument("--admin", action="store_true", help="may create knowledge bases and import over the API")
+    c.set_defaults(func=cmd_user)
+    c = us.add_parser("remove", parents=[common, db])
+    c.add_argument("name")
+    c.set_defaults(func=cmd_user)
+    c = us.add_parser("roles", parents=[common, db], help="give or take roles")
+    c.add_argument("name")
+    c.add_argument("--add", action="append")
+    c.add_argument("--remove", action="append")
+    c.set_defaults(func=cmd_user)
+    c = us.add_parser("list", parents=[common, db])
+    c.set_defaults(func=cmd_user)
+
+    role = ts.add_parser("role", help="roles and their clearance (" + " < ".join(LEVELS) + ")")
+    rs = role.add_subparsers(dest="action", required=True)
+    c = rs.add_parser("add", parents=[common, db])
+    c.add_argument("name")
+    c.add_argument("--clearance", required=True, choices=LEVELS)
+    c.set_defaults(func=cmd_role)
+    c = rs.add_parser("clearance", parents=[common, db], help="change a role's clearance")
+    c.add_argument("name")
+    c.add_argument("clearance", choices=LEVELS)
+    c.set_defaults(func=cmd_role)
+    c = rs.add_parser("remove", parents=[common, db])
+    c.add_argument("name")
+    c.set_defaults(func=cmd_role)
+    c = rs.add_parser("list", parents=[common, db])
+    c.set_defaults(func=cmd_role)
+
+    for name, helptext in (("grant", "let a role read (or --write) a team knowledge base"),
+                           ("revoke", "take a role's grant away (effective from the next query)")):
+        c = ts.add_parser(name, parents=[common, db], help=helptext)
+        c.add_argument("role")
+        c.add_argument("kb")
+        if name == "grant":
+            c.add_argument("--write", action="store_true", help="may also add and remove sources")
+        c.set_defaults(func=cmd_grant, command_name=name)
+
+    token = ts.add_parser("token", help="API tokens (stored hashed; shown once)")
+    tks = token.add_subparsers(dest="action", required=True)
+    c = tks.add_parser("create", parents=[common, db])
+    c.add_argument("user")
+    c.add_argument("--name", default="default", help="a label for the token")
+    c.set_defaults(func=cmd_token)
+    c = tks.add_parser("revoke", parents=[common, db])
+    c.add_argument("id", help="the token's id (or the token itself)")
+    c.set_defaults(func=cmd_token)
+
+    kb = ts.add_parser("kb", help="team knowledge bases")
+    ks = kb.add_subparsers(dest="action", required=True)
+    c = ks.add_parser("create", parents=[common, db])
+    c.add_argument("name")
+    c.add_argument("--privacy", choices=["device", "cloud"], default="device",
+                   help="may its passages reach a cloud model (default device: never)")
+    c.add_argument("--model", default=None)
+    c.add_argument("--default-access", choices=LEVELS, default="public",
+                   help="the level of sources added without one")
+    c.set_defaults(func=cmd_kb)
+    c = ks.add_parser("update", parents=[common, db])
+    c.add_argument("kb")
+    c.add_argument("--name")
+    c.add_argument("--privacy", choices=["device", "cloud"])
+    c.add_argument("--default-access", choices=LEVELS)
+    c.set_defaults(func=cmd_kb)
+    c = ks.add_parser("delete", parents=[common, db])
+    c.add_argument("kb")
+    c.set_defaults(func=cmd_kb)
+    c = ks.add_parser("reembed", parents=[common, db], help="move it to another embedding model "
+                                                          "(staged, writers paused only for the switch)")
+    c.add_argument("kb")
+    c.add_argument("--model", required=True)
+    c.add_argument("--batch-size", type=int, default=64)
+    c.set_defaults(func=cmd_kb)
+    c = ks.add_parser("list", parents=[common, db])
+    c.set_defaults(func=cmd_kb)
+
+    c = ts.add_parser("attach", parents=[common], help="show a team's knowledge bases beside yours")
+    c.add_argument("url")
+    c.add_argument("--token-stdin", action="store_true", help="read the API token from stdin")
+    c.add_argument("--name", default=None, help="what to call the team here (default: the server's name)")
+    c.set_defaults(func=cmd_attach)
+    c = ts.add_parser("detach", parents=[common], help="forget an attached team")
+    c.add_argument("name")
+    c.set_defaults(func=cmd_detach)
+    c = ts.add_parser("list", parents=[common], help="attached teams and whether they answer")
+    c.set_defaults(func=cmd_teams)
+    c = ts.add_parser("access", parents=[common], help="change a team source's access level")
+    c.add_argument("kb")
+    c.add_argument("source", help="source id or URL")
+    c.add_argument("level", choices=LEVELS)
+    c.set_defaults(func=cmd_set_access)

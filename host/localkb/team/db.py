@@ -1,0 +1,106 @@
+"""The connection pool to the team's PostgreSQL, and the mapping of its errors onto ours.
+
+Any PostgreSQL >= 15 with pgvector >= 0.8 works, given by URL; the embedded one
+(``team.embedded``) is one such URL. Connections come from a ``psycopg_pool`` pool with
+pgvector's binary adapter registered, and each ``tx()`` is one transaction: all of it
+lands, or none of it. A database that cannot be reached is ``TeamUnavailable``, never
+an empty answer.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from localkb.errors import StoreError, TeamUnavailable
+
+
+def _configure(conn: psycopg.Connection) -> None:
+    from pgvector.psycopg.vector import register_vector_info
+    from psycopg.types import TypeInfo
+
+    info = TypeInfo.fetch(conn, "vector")
+    if info is None:
+        raise TeamUnavailable("the pgvector extension is missing from the team database")
+    register_vector_info(conn, info)
+    conn.commit()
+
+
+def mapped(err: psycopg.Error) -> Exception:
+    """Our error for a PostgreSQL one: unreachable -> TeamUnavailable, anything else -> StoreError."""
+    if isinstance(err, psycopg.OperationalError | psycopg.errors.AdminShutdown):
+        return TeamUnavailable(f"the team database cannot be reached: {str(err).strip()[:500]}")
+    return StoreError(f"the team database refused the statement: {str(err).strip()[:500]}")
+
+
+class Database:
+    """A pool of connections to one team database, plus small caches keyed by generation."""
+
+    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 16,
+                 timeout: float = 30.0) -> None:
+        from psycopg_pool import ConnectionPool
+
+        from localkb.team.schema import check_server, migrate
+        from localkb.team.store import reanalyze
+
+        self.url = url
+        try:
+            with psycopg.connect(url, connect_timeout=15) as conn:
+                self.server = check_server(conn)
+                self.applied = migrate(conn)
+                self.reanalyzed = reanalyze(conn)
+        except psycopg.Error as err:
+            raise mapped(err) from err
+        self.pool = ConnectionPool(url, min_size=min_size, max_size=max_size, timeout=timeout,
+                                   configure=_configure, kwargs={"row_factory": dict_row},
+                                   open=False, name="localkb-team")
+        try:
+            self.pool.open(wait=True, timeout=timeout)
+        except Exception as err:
+            raise TeamUnavailable(f"the team database pool did not open: {err}") from err
+        self._cache: OrderedDict[tuple, Any] = OrderedDict()
+        self._cache_lock = threading.Lock()
+
+    @contextmanager
+    def conn(self) -> Iterator[psycopg.Connection]:
+        """A connection from the pool, for reads (autocommit off: one implicit transaction)."""
+        try:
+            with self.pool.connection() as conn:
+                yield conn
+        except psycopg.Error as err:  # the pool's PoolTimeout is an OperationalError too
+            raise mapped(err) from err
+
+    @contextmanager
+    def tx(self) -> Iterator[psycopg.Connection]:
+        """One write transaction."""
+        with self.conn() as conn, conn.transaction():
+            yield conn
+
+    # -- a small cache of per-generation figures (passage counts, document frequencies) ----
+    def cached(self, key: tuple, compute) -> Any:
+        with self._cache_lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+        value = compute()
+        self.put(key, value)
+        return value
+
+    def peek(self, key: tuple) -> Any:
+        with self._cache_lock:
+            return self._cache.get(key)
+
+    def put(self, key: tuple, value: Any) -> None:
+        with self._cache_lock:
+            self._cache[key] = value
+            while len(self._cache) > 20_000:
+                self._cache.popitem(last=False)
+
+    def close(self) -> None:
+        self.pool.close()
