@@ -397,6 +397,15 @@ def h_chat(data: dict, ctx) -> dict:
                           else "no model is configured",
                           continue_from=req_str(data, "continue_from", required=False,
                                                 max_len=32_000) or "")
+    from localkb.team.relay import relay_turn, team_of_turn
+
+    # Every knowledge base on one team, no model chosen here: the team server answers
+    # (its model, caches, caps, guardrails, query log) and its stream is relayed as it comes.
+    team = None if extractive or name else team_of_turn(store, kbs)
+    if team is not None:
+        return relay_turn(store, team, kbs, message, history=data.get("history"), k=options.k,
+                          regenerate=req_bool(data, "regenerate"), emit=ctx.emit,
+                          cancel=ctx.cancelled)
     cache, confirmations = _chat_shared()
     timeout = store.settings.confirm_timeout_s
 
