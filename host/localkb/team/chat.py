@@ -75,6 +75,10 @@ class ChatConfig:
     sse_newline: str = "\n"
 
 
+_ICON = (b'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16"><rect width="16" height="16" '
+         b'rx="3" fill="#1a5fb4"/><path d="M4 4h2v6h6v2H4z" fill="#fff"/></svg>')
+
+
 class EventStream:
     """A streamed reply: the handler sends the headers, then ``run(emit)`` writes the events."""
 
@@ -105,7 +109,8 @@ class TeamChat:
                 ("GET", ("v1", "querylog"), self.querylog, True),
                 ("GET", ("v1", "querylog", "export"), self.querylog_export, True),
                 ("GET", ("pipeline",), self.page, False),
-                ("GET", ("pipeline", "*"), self.page, False)]
+                ("GET", ("pipeline", "*"), self.page, False),
+                ("GET", ("favicon.ico",), self.favicon, False)]
 
     # -- the pipeline page -----------------------------------------------------------------
     def page(self, req, name: str = "") -> tuple[bytes, dict]:
@@ -117,6 +122,9 @@ class TeamChat:
                       "Content-Security-Policy": "default-src 'self'; style-src 'self'; "
                       "script-src 'self'; connect-src 'self'; frame-ancestors 'none'",
                       "X-Content-Type-Options": "nosniff"}
+
+    def favicon(self, req) -> tuple[bytes, dict]:
+        return _ICON, {"Content-Type": "image/svg+xml", "Cache-Control": "max-age=86400"}
 
     # -- the query log -----------------------------------------------------------------------
     def querylog(self, req) -> dict:

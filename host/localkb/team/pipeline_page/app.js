@@ -87,7 +87,7 @@ function renderPipeline(result) {
   badges.append(badge(tier === "exact" ? "cache: exact hit" : tier === "semantic" ? `cache: semantic hit ${p.cache.cosine}` : "cache: miss",
     tier ? "hit" : "miss", p.cache.semantic_threshold === null ? "semantic tier off" : `semantic threshold ${p.cache.semantic_threshold}`));
   badges.append(badge(`model: ${p.location}`, p.location === "device" ? "hit" : "warn"));
-  badges.append(badge(`guard: ${p.guard.citations} citations checked`, "hit"));
+  badges.append(badge(`guard: ${p.guard.citations} citation${p.guard.citations === 1 ? "" : "s"} checked`, "hit"));
   const left = p.limits.remaining.user;
   if (left !== null && left !== undefined) badges.append(badge(`${left} requests left today`, left < 5 ? "warn" : "miss"));
   const body = $("#stages tbody");
@@ -141,7 +141,7 @@ async function ask(message) {
         answer.textContent = frame.data.answer;
         item.append(el("p", { class: "muted", text: frame.data.answer_line }));
         if (frame.data.citations.length) {
-          item.append(el("ol", { class: "cites" }, ...frame.data.citations.map((c) => el("li", { text: `[${c.n}] ${c.title} (${c.kb_name})` }))));
+          item.append(el("ul", { class: "cites" }, ...frame.data.citations.map((c) => el("li", { text: `[${c.n}] ${c.title} (${c.kb_name})` }))));
         }
         renderPipeline(frame.data);
       } else if (frame.event === "error") {
