@@ -60,8 +60,9 @@ def test_the_pipeline_view_shows_access_stages_rerank_and_cache_badges(team):
                 ctx.set_default_timeout(WAIT_MS)
                 page = ctx.new_page()
                 errors: list[str] = []
-                page.on("pageerror", lambda e: errors.append(str(e)))
-                page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+                page.on("pageerror", lambda e, errors=errors: errors.append(str(e)))
+                page.on("console", lambda m, errors=errors: errors.append(m.text)
+                        if m.type == "error" else None)
                 page.goto(f"{team.url}/pipeline")
                 page.fill("#token", team.tokens["alice"])
                 page.click("#token-form button")
