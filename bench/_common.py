@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SCIFACT = REPO.parent / "shared" / "datasets" / "beir-scifact"
+# Beside the checkout (CI's layout), or where LOCALKB_SCIFACT says (a worktree elsewhere).
+SCIFACT = Path(os.environ.get("LOCALKB_SCIFACT") or REPO.parent / "shared" / "datasets" / "beir-scifact")
 
 
 def scifact_docs(limit: int | None = None) -> list[dict]:
