@@ -173,6 +173,12 @@ def test_exact_tier_never_crosses_access_sets_and_dies_with_a_revocation_or_a_wr
         assert carol.chat([team.kb.id], QUESTION)["cached"] == "exact"
         # bob's access set differs (secret clearance, write): never served alice's answer
         assert bob.chat([team.kb.id], QUESTION)["cached"] is False and sent() == 2
+        # a revoked grant: refused before the cache is looked at; granted again, answered afresh
+        # only if anything changed (the same access set and generations: the same answer)
+        team.api.directory.revoke("staff", team.kb.id)
+        with pytest.raises(KnowledgeBaseNotFound):
+            alice.chat([team.kb.id], QUESTION)
+        team.api.directory.grant("staff", team.kb.id)
         # a revocation: staff's clearance goes down to public, the holiday page is internal
         team.api.directory.set_clearance("staff", "public")
         revoked = alice.chat([team.kb.id], QUESTION)
@@ -482,3 +488,15 @@ def test_the_host_relays_the_team_stream_to_the_side_panel(team, tmp_path):
     assert "".join(e["data"]["text"] for e in events if e["event"] == "token") == result["answer"]
     with team.client("alice") as alice:
         assert alice.querylog()["queries"][0]["query"] == QUESTION  # answered (and logged) by the team
+    # a team that cannot be reached: answered by the host, the team's knowledge base unavailable
+    from localkb.team.attached import load_attachments, save_attachments
+
+    teams = load_attachments(home)
+    teams[0].url = "http://127.0.0.1:9"
+    save_attachments(home, teams)
+    with HostProcess([sys.executable, "-m", "localkb", "host"], home=home) as host:
+        host.send({"id": 2, "type": "chat", "data": {"kbs": ["Handbook"], "message": QUESTION}})
+        got = host.until_reply(2, timeout=120)
+    assert got[-1]["ok"], got[-1]
+    assert got[-1]["result"]["statuses"][0]["status"] == "unavailable"
+    assert "did not run" in got[-1]["result"]["answer"]
