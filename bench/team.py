@@ -185,20 +185,26 @@ def bench_size(n: int, *, rounds: int, queries: list[str], db_url: str | None, s
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def serve_one_writer(team, settings: Settings, kb_name: str, *, chat=None):
+    """A knowledge base, one user cleared to everything who may write it, and a server on loopback."""
+    rec = team.create_kb(kb_name)
+    d = Directory(team.db)
+    d.add_role("w", "secret")
+    d.add_user("writer", roles=["w"])
+    d.grant("w", rec.id, write=True)
+    token = d.create_token("writer")["token"]
+    httpd = TeamServer(TeamAPI(team.db, settings, name="bench", chat=chat), "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return rec, token, httpd
+
+
 def bench_ingest(n: int, *, db_url: str | None, settings: Settings, rounds: int) -> None:
     print(f"\n== ingest: {n} SciFact abstracts, real model, over the API vs a local store ==")
     docs = scifact_docs(limit=n * rounds)
     tmp = Path(tempfile.mkdtemp(prefix="localkb-bench-ingest-"))
     try:
         with throwaway_team_store(db_url) as team:
-            rec = team.create_kb("ingest")
-            d = Directory(team.db)
-            d.add_role("w", "secret")
-            d.add_user("writer", roles=["w"])
-            d.grant("w", rec.id, write=True)
-            token = d.create_token("writer")["token"]
-            httpd = TeamServer(TeamAPI(team.db, settings, name="bench"), "127.0.0.1", 0)
-            threading.Thread(target=httpd.serve_forever, daemon=True).start()
+            rec, token, httpd = serve_one_writer(team, settings, "ingest")
             local = Store(replace(settings, data_dir=tmp / "local"))
             local.create_kb("ingest")
             lkb = local.open_kb("ingest")
@@ -235,15 +241,8 @@ def bench_chat(n: int, *, db_url: str | None, settings: Settings, rounds: int) -
     docs = scifact_docs(limit=300)
     questions = claims(n)
     with throwaway_team_store(db_url) as team, FakeLLM(reply="See [1].") as llm:
-        rec = team.create_kb("chat")
-        d = Directory(team.db)
-        d.add_role("r", "secret")
-        d.add_user("u", roles=["r"])
-        d.grant("r", rec.id, write=True)
-        token = d.create_token("u")["token"]
         config = ChatConfig(endpoint=Endpoint("bench", llm.base_url, "fake"), caps=Caps(0, 0))
-        httpd = TeamServer(TeamAPI(team.db, settings, name="bench", chat=config), "127.0.0.1", 0)
-        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        rec, token, httpd = serve_one_writer(team, settings, "chat", chat=config)
         from localkb.ingest.seam import add_capture
 
         kb = team.open_kb(rec.id)
