@@ -263,10 +263,10 @@ def bench_chat(n: int, *, db_url: str | None, settings: Settings, rounds: int) -
                     out = client.chat([rec.id], q)
                     hit.append((time.perf_counter() - t0) * 1000)
                     assert out["cached"] == "exact", out["cached"]
-                full_p50.append(pct(full, 50))
-                hit_p50.append(pct(hit, 50))
-                print(f"  round {r + 1}: full answer p50 {full_p50[-1]:7.1f} ms p95 {pct(full, 95):7.1f} | "
-                      f"exact hit p50 {hit_p50[-1]:6.1f} ms p95 {pct(hit, 95):6.1f} | "
+                full_p50.append(pct(full, 0.5))
+                hit_p50.append(pct(hit, 0.5))
+                print(f"  round {r + 1}: full answer p50 {full_p50[-1]:7.1f} ms p95 {pct(full, 0.95):7.1f} | "
+                      f"exact hit p50 {hit_p50[-1]:6.1f} ms p95 {pct(hit, 0.95):6.1f} | "
                       f"ratio {full_p50[-1] / hit_p50[-1]:5.1f}x")
         print(f"  over rounds (min/median/max): full p50 {min(full_p50):.1f}/"
               f"{statistics.median(full_p50):.1f}/{max(full_p50):.1f} ms; hit p50 {min(hit_p50):.1f}/"
