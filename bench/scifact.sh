@@ -6,4 +6,4 @@ here="$(cd "$(dirname "$0")/.." && pwd)"
 data="${SCIFACT:-$here/../shared/datasets/beir-scifact}"
 py="$here/.venv/bin/python"
 [ -x "$py" ] || py=python3
-exec "$py" -m localkb eval "$data" "$@"
+exec "$py" -m localkb eval "$data" --baseline bm25 "$@"

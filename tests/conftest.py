@@ -39,11 +39,12 @@ def kb(store: Store):
 
 
 def run_cli(args: list[str], home: Path, *, check: bool = False, timeout: float = 300,
-            env: dict | None = None) -> subprocess.CompletedProcess:
+            env: dict | None = None, input: str | None = None) -> subprocess.CompletedProcess:
     """Run ``python -m localkb`` in a real subprocess against ``home``."""
     full_env = {**os.environ, "LOCALKB_HOME": str(home), **(env or {})}
     return subprocess.run([sys.executable, "-m", "localkb", *args], capture_output=True, text=True,
-                          env=full_env, timeout=timeout, check=check)
+                          env=full_env, timeout=timeout, check=check,
+                          input=input if input is not None else "")
 
 
 def make_pdf(path: Path, pages: list[str]) -> Path:
@@ -112,3 +113,31 @@ def team_store(team_db, settings):
     from localkb.team.store import TeamStore
 
     return TeamStore(team_db, settings, Access.system())
+
+
+@pytest.fixture(params=["local", "team"])
+def any_store(request, settings):
+    """A test taking this runs once on each store of the seam: local, then team (real PostgreSQL)."""
+    if request.param == "local":
+        s = Store(settings)
+        yield s
+        s.close()
+    else:
+        yield request.getfixturevalue("team_store")
+
+
+@pytest.fixture
+def any_kb(any_store):
+    any_store.create_kb("Docs")
+    return any_store.open_kb("Docs")
+
+
+def add_document_to(kb, doc, key: str):
+    """Each store's own write path: the local pipeline (issue 17's) or the team server's (ingest.seam)."""
+    from localkb.store.kb import KnowledgeBase
+
+    if isinstance(kb, KnowledgeBase):
+        from localkb.ingest.pipeline import add_document
+    else:
+        from localkb.ingest.seam import add_document
+    return add_document(kb, doc, key=key)

@@ -17,7 +17,8 @@ Modes:
     no_done         sends ``cut_after`` tokens, then ends the body cleanly without [DONE]
     bad_json        sends ``cut_after`` tokens, then an event that is not JSON
     hang            accepts, sends the response headers, then never sends a byte
-    http_error      answers ``status`` (500) with an OpenAI-style JSON error body
+    http_error      answers ``status`` (500) with an OpenAI-style JSON error body (its message is
+                    ``error_message``, or ``error_message(request_headers)`` when callable)
     error_event     answers 200 and streams an ``{"error": ...}`` event (as vLLM/OpenRouter do)
     json_only       ignores ``"stream": true`` and answers one JSON completion
 
@@ -119,10 +120,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(404, {"error": {"message": f"no route {self.path}"}})
             return
         if fake.mode == "http_error":
-            self._send_json(
-                fake.status,
-                {"error": {"message": "the fake model failed on purpose", "type": "server_error"}},
-            )
+            message = fake.error_message
+            if callable(message):
+                message = message({k.lower(): v for k, v in self.headers.items()})
+            self._send_json(fake.status, {"error": {"message": message, "type": "server_error"}})
             return
         reply = fake.reply_fn(body) if fake.reply_fn is not None else fake.reply
         if not body.get("stream") or fake.mode == "json_only":
@@ -226,6 +227,7 @@ class FakeLLM:
         cut_after: int | None = None,
         status: int = 500,
         model: str = "fake-model",
+        error_message: str | Callable[[dict[str, str]], str] = "the fake model failed on purpose",
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown FakeLLM mode {mode!r}; one of {', '.join(MODES)}")
@@ -236,6 +238,7 @@ class FakeLLM:
         self.cut_after = cut_after
         self.status = status
         self.model = model
+        self.error_message = error_message
         self.lock = threading.Lock()
         #: Every JSON body received, in order.
         self.requests: list[dict[str, Any]] = []

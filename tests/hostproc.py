@@ -55,7 +55,8 @@ class HostGone(AssertionError):
 class HostProcess:
     """A host subprocess with a reader thread collecting every frame it writes."""
 
-    def __init__(self, argv: list[str], *, home: Path, env: dict | None = None) -> None:
+    def __init__(self, argv: list[str], *, home: Path, env: dict | None = None,
+                 umask: int = -1) -> None:
         full_env = {**os.environ, "LOCALKB_HOME": str(home), **(env or {})}
         self.proc = subprocess.Popen(
             argv,
@@ -63,6 +64,7 @@ class HostProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=full_env,
+            umask=umask,  # -1: inherit this process's umask
         )
         self.raw: list[bytes] = []  # every frame body, in arrival order
         self.others: list[dict] = []  # messages skipped by until_reply (other ids)

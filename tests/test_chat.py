@@ -518,7 +518,7 @@ def test_confirmations_deliver_answers_and_time_out_to_no():
     assert box.wait(7, "call_0") is True
     assert box.answer(7, "call_0", True) is False  # no longer waiting
     box.open(8, "call_1")
-    assert box.wait(8, "call_1", timeout=0.1) is False
+    assert box.wait(8, "call_1", timeout=0.1) is None  # no answer in time: expired, not "no"
     cancel = threading.Event()
     cancel.set()
     box.open(9, "call_2")
@@ -678,6 +678,49 @@ def test_host_asks_before_a_model_driven_write_and_honours_the_answer(settings, 
                 assert status == ("written" if approve else "declined")
     titles = [h.title for h in Searcher(store).search(["Docs"], "kettle descaling Monday").hits]
     assert titles.count("Saved note") == 1
+
+
+def _long_note(chars: int, line: str) -> str:
+    words = [line.format(i=i, n=i % 7 + 1) for i in range(chars // 20 + 1)]
+    return " ".join(words)[:chars].rstrip() + " END-OF-NOTE"
+
+
+@pytest.mark.parametrize(("chars", "line"), [
+    (4655, "Kettle log line {i}: descaled with citric acid, {n} spoons, rinsed twice."),
+    # Under the tool's 1,000,000-character cap, but 1.2 MB of UTF-8: past Chrome's frame limit.
+    (400_000, "水壶记录{i}：用柠檬酸除垢，{n}勺，冲洗两次。")])
+def test_host_confirm_shows_exactly_what_approval_writes(settings, store, docs, chars, line):
+    note = _long_note(chars, line)
+    store.create_kb("Log", model="hashing-256")  # a fast model: the test is about what is shown
+    with ToolLLM(tool_fn=lambda b: _save_call("Log", note) if "tools" in b else None,
+                 reply="Saving it.") as llm:
+        _configure(settings.data_dir, llm)
+        with HostProcess([sys.executable, "-m", "localkb", "host"], home=settings.data_dir) as host:
+            host.send({"id": 1, "type": "chat", "data": {
+                "kbs": ["Docs"], "message": "Please save to my knowledge base: the kettle log"}})
+            parts = []
+            while True:
+                msg = host.next_message(timeout=300)
+                if msg.get("event") == "part":
+                    parts.append(msg["data"])
+                    continue
+                if msg.get("event") == "confirm":
+                    break
+                assert "ok" not in msg, msg
+            from localkb.native.protocol import join_parts
+
+            shown = join_parts(parts) if parts else msg["data"]
+            assert bool(parts) == (len(note.encode()) > 1024 * 1024)  # a big text goes in parts
+            assert shown["text"] == note and shown["chars"] == len(note)  # all of it, exactly
+            assert shown["expires_in_s"] == 600 and shown["kb_name"] == "Log"
+            host.send({"id": "c", "type": "chat.confirm", "data": {
+                "target": 1, "call_id": shown["call_id"], "approve": True}})
+            reply = host.until_reply(1, timeout=600)[-1]
+            assert reply["ok"] and reply["result"]["tool_calls"][0]["status"] == "written"
+    rows = store.catalog.db.execute(
+        "SELECT c.text FROM chunks c JOIN sources s ON s.id = c.source_id "
+        "WHERE s.title = 'Saved note' ORDER BY c.idx").fetchall()
+    assert rows and "END-OF-NOTE" in rows[-1][0]  # what was written is what was shown
 
 
 def test_cli_ask_prints_steps_answer_and_citations(settings, store, docs):

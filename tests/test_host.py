@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import random
@@ -70,6 +71,12 @@ def test_every_message_type_over_framed_bytes(tmp_path):
         assert found["statuses"][0]["status"] == "passages"
         assert found["statuses"][0]["line"].startswith("Docs · ")
         assert "ERR_7731" in found["hits"][0]["text"] and found["hits"][0]["kb_name"] == "Docs"
+        assert found["exact_terms"] == ["ERR_7731"] and found["statuses"][0]["missing_terms"] == []
+        twin = ok(host, 70, "search", {"kbs": ["Docs"], "query": "ERR_7137"})
+        st = twin["statuses"][0]
+        assert st["exact_terms"] == ["ERR_7137"] and st["missing_terms"] == ["ERR_7137"]
+        assert st["status"] != "passages" and twin["hits"] == []
+        assert st["line"].startswith('Docs · no passage mentions "ERR_7137"')
         pages = ok(host, 71, "search", {"kbs": ["Docs"], "query": "ERR_7731", "per_source": 1})
         assert len({h["source_id"] for h in pages["hits"]}) == len(pages["hits"]) == 1
         bad_ps = host.request({"id": 72, "type": "search",
@@ -145,12 +152,18 @@ def _fuzz_payloads(rng: random.Random, n: int) -> list[bytes]:
     return out
 
 
-def test_fuzzed_frames_never_kill_the_real_host(tmp_path):
+def _home_with_one_passage(tmp_path: Path) -> Path:
+    """A data dir with a knowledge base "Docs" holding one passage that fuzzing must not touch."""
     home = tmp_path / "home"
     run_cli(["kb", "create", "Docs"], home, check=True)
     note = tmp_path / "keep.md"
     note.write_text("# Keep\n\nThis passage must survive the fuzzing untouched.")
     run_cli(["add", "Docs", str(note)], home, check=True)
+    return home
+
+
+def test_fuzzed_frames_never_kill_the_real_host(tmp_path):
+    home = _home_with_one_passage(tmp_path)
     payloads = _fuzz_payloads(random.Random(4521), 2200)
     with HostProcess(HOST, home=home) as host:
         for body in payloads:
@@ -240,3 +253,88 @@ def test_installed_launcher_answers_status(tmp_path):
     registered = [b for b in check["browsers"] if b["registered"]]
     assert len(registered) == 2 and all(b["answered"] and b["problem"] is None for b in registered)
     assert frame(b"") == struct.pack("=I", 0)
+
+
+# Every string field of every message type, as the browser could send it: each bad text in
+# each field, one at a time, plus each number field as NaN, Infinity and 1e999 (raw JSON, which
+# Python's own encoder would never write). Paths name nested fields: "history.1.kbs.0".
+_STRING_FIELDS: dict[str, tuple[dict, list[str]]] = {
+    "status": ({}, ["extra"]),
+    "kb.list": ({}, ["extra"]),
+    "kb.create": ({"name": "New", "privacy": "device", "model": "hashing-256"},
+                  ["name", "privacy", "model"]),
+    "kb.update": ({"kb": "Docs", "name": "Docs", "privacy": "device"}, ["kb", "name", "privacy"]),
+    "kb.delete": ({"kb": "Nope"}, ["kb"]),
+    "source.add": ({"kb": "Docs", "url": "https://f.test/p", "title": "T", "text": "Fuzz text.",
+                    "captured_by": "api", "canonical_url": "https://f.test/p", "lang": "en"},
+                   ["kb", "url", "title", "text", "captured_by", "canonical_url", "lang"]),
+    "source.list": ({"kb": "Docs"}, ["kb"]),
+    "source.remove": ({"kb": "Docs", "source": "nope"}, ["kb", "source"]),
+    "search": ({"kbs": ["Docs"], "query": "keep", "mode": "hybrid"}, ["kbs.0", "query", "mode"]),
+    "errors.list": ({"source": "ingest", "kb": "Docs"}, ["source", "kb"]),
+    "config.get": ({}, ["extra"]),
+    "config.set": ({"endpoints": [{"name": "e", "base_url": "http://127.0.0.1:9/v1", "model": "m",
+                                   "api_key": "k", "api_key_env": "E_API_KEY"}],
+                    "default_endpoint": "e"},
+                   ["endpoints.0.name", "endpoints.0.base_url", "endpoints.0.model",
+                    "endpoints.0.api_key", "endpoints.0.api_key_env", "default_endpoint"]),
+    "chat": ({"kbs": ["Docs"], "message": "keep?", "endpoint": "e", "extractive": True,
+              "history": [{"role": "user", "content": "hi"},
+                          {"role": "assistant", "content": "hello", "kbs": ["kb_x"]}]},
+             ["kbs.0", "message", "endpoint", "history.0.content", "history.0.role",
+              "history.1.kbs.0"]),
+    "chat.confirm": ({"target": "nope", "call_id": "c", "approve": False}, ["target", "call_id"]),
+    "kb.export": ({"kb": "Nope", "passphrase": "p"}, ["kb", "passphrase"]),
+    "kb.import": ({"action": "commit", "upload": "up_x", "name": "N", "passphrase": "p"},
+                  ["action", "upload", "name", "passphrase"]),
+    "kb.reembed": ({"kb": "Nope", "model": "hashing-256"}, ["kb", "model"]),
+}
+_NUMBER_FIELDS = {"search": ["k", "cutoff", "per_source"], "source.list": ["offset", "limit"],
+                  "errors.list": ["offset", "limit"], "chat": ["k"], "kb.reembed": ["batch_size"],
+                  "kb.import": ["index"]}
+_BAD_TEXT = ["\ud800", "x\udfffy", "a\x00b", "\x00"]
+_BAD_NUMBERS = ["NaN", "Infinity", "-Infinity", "1e999", "-1e999"]
+
+
+def _put(data: dict, path: str, value) -> dict:
+    data = json.loads(json.dumps(data))
+    *parents, last = path.split(".")
+    target = data
+    for p in parents:
+        target = target[int(p)] if isinstance(target, list) else target[p]
+    if isinstance(target, list):
+        target[int(last)] = value
+    else:
+        target[last] = value
+    return data
+
+
+def test_every_string_and_number_field_of_every_message_type_refuses_what_cannot_be_text(tmp_path):
+    home = _home_with_one_passage(tmp_path)
+    bodies: list[tuple[str, bytes]] = []
+    for kind, (data, fields) in _STRING_FIELDS.items():
+        for field in fields:
+            for bad in _BAD_TEXT:
+                body = json.dumps({"id": f"{kind}/{field}/{bad!r}", "type": kind,
+                                   "data": _put(data, field, bad)})
+                bodies.append((f"{kind} {field}={bad!r}", body.encode()))
+    for kind, fields in _NUMBER_FIELDS.items():
+        data = _STRING_FIELDS[kind][0]
+        for field in fields:
+            for bad in _BAD_NUMBERS:
+                body = json.dumps({"id": f"{kind}/{field}/{bad}", "type": kind,
+                                   "data": _put(data, field, "@@")}).replace('"@@"', bad)
+                bodies.append((f"{kind} {field}={bad}", body.encode()))
+    assert len(bodies) >= 230
+    with HostProcess(HOST, home=home) as host:
+        codes: dict[str, str] = {}
+        for label, body in bodies:
+            host.send_body(body)
+            reply = host.until_reply(json.loads(body)["id"], timeout=120)[-1]
+            codes[label] = "accepted" if reply["ok"] else reply["error"]["code"]
+        assert host.request({"id": "last", "type": "status", "data": {}})["result"]["ready"]
+    wrong = {k: v for k, v in codes.items() if v != "invalid_input"}
+    assert wrong == {}, (collections.Counter(wrong.values()), wrong)
+    report = json.loads(run_cli(["doctor", "--json"], home).stdout)
+    assert report["clean"] and [k["chunks"] for k in report["knowledge_bases"]] == [1]
+    print(f"{len(bodies)} frames, every one refused as invalid_input")

@@ -280,13 +280,13 @@ def test_http_500_raises_with_status_and_server_message() -> None:
 def test_http_401_without_a_key_says_which_variable_is_empty(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.delenv("LOCALKB_TEST_NO_SUCH_KEY", raising=False)
+    monkeypatch.delenv("LOCALKB_TEST_NO_SUCH_API_KEY", raising=False)
     with FakeLLM(mode="http_error", status=401) as fake:
-        endpoint = endpoint_for(fake, api_key_env="LOCALKB_TEST_NO_SUCH_KEY")
+        endpoint = endpoint_for(fake, api_key_env="LOCALKB_TEST_NO_SUCH_API_KEY")
         with pytest.raises(LLMUnavailable) as info:
             complete(endpoint, MESSAGES, timeout=PATIENT)
     assert "HTTP 401" in info.value.message
-    assert "LOCALKB_TEST_NO_SUCH_KEY" in info.value.message
+    assert "LOCALKB_TEST_NO_SUCH_API_KEY" in info.value.message
 
 
 @pytest.mark.parametrize("url", ["auto", "", "ftp://127.0.0.1/v1", "http://[::1/v1"])
@@ -394,17 +394,17 @@ def test_fake_server_stops_its_threads_and_port_on_exit() -> None:
 
 
 def test_environment_key_wins_over_stored_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LOCALKB_TEST_KEY", "sk-from-env")
+    monkeypatch.setenv("LOCALKB_TEST_API_KEY", "sk-from-env")
     with FakeLLM() as fake:
-        endpoint = endpoint_for(fake, api_key_env="LOCALKB_TEST_KEY", api_key="sk-stored")
+        endpoint = endpoint_for(fake, api_key_env="LOCALKB_TEST_API_KEY", api_key="sk-stored")
         complete(endpoint, MESSAGES, timeout=PATIENT)
         assert fake.request_headers[0]["authorization"] == "Bearer sk-from-env"
 
 
 def test_stored_key_is_used_when_the_variable_is_unset(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("LOCALKB_TEST_KEY", raising=False)
+    monkeypatch.delenv("LOCALKB_TEST_API_KEY", raising=False)
     with FakeLLM() as fake:
-        endpoint = endpoint_for(fake, api_key_env="LOCALKB_TEST_KEY", api_key="sk-stored")
+        endpoint = endpoint_for(fake, api_key_env="LOCALKB_TEST_API_KEY", api_key="sk-stored")
         complete(endpoint, MESSAGES, timeout=PATIENT)
         assert fake.request_headers[0]["authorization"] == "Bearer sk-stored"
 

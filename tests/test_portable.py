@@ -26,7 +26,7 @@ from localkb.ingest.extract import extract_text
 from localkb.ingest.pipeline import add_document, add_paths, list_sources
 from localkb.native.protocol import MAX_OUTGOING
 from localkb.portable import envelope
-from localkb.portable.archive import Limits, export_kb, export_to_file, import_kb, read_archive
+from localkb.portable.archive import Limits, export_kb, export_to_file, import_kb
 from localkb.retrieval.search import Searcher
 from localkb.store.catalog import blob_vector
 
@@ -344,10 +344,12 @@ def test_fuzz_over_a_thousand_bad_archives_are_each_refused_and_leave_no_trace(s
 
 
 def test_a_bomb_stops_at_the_cap_without_inflating_it(store):
-    bomb = gzip.compress(b"\x00" * (64 * 1024 * 1024), 9)  # 64 MiB from ~64 KiB
+    # 64 MiB of JSON whitespace from ~64 KiB: valid so far, so only the cap stops it.
+    bomb = gzip.compress(b" " * (64 * 1024 * 1024), 9)
     limits = Limits(max_decompressed=1024 * 1024)
     with pytest.raises(InvalidArchive, match="decompresses to more than 1,048,576 bytes"):
-        read_archive(io.BytesIO(bomb), limits=limits)
+        import_kb(store, io.BytesIO(bomb), limits=limits)
+    assert store.kbs() == []
 
 
 # -- encryption ---------------------------------------------------------------------

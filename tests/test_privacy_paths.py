@@ -9,8 +9,9 @@ The paths, each tested below against a real loopback model server:
     tool calls  the knowledge bases offered to (and accepted from) ``add_to_knowledge_base``
     strict      the request fails before anything is sent
 
-A "cloud" model here is a loopback server marked cloud, an endpoint named "auto", or a host
-name that is not a loopback literal: no test traffic ever leaves the machine. Each leak check
+A "cloud" model here is a loopback server marked cloud, an endpoint named "auto" (undecided,
+treated as cloud), or a name this process's resolver is told points off the machine: no test
+traffic ever leaves the machine. Each leak check
 has a positive control with an on-device endpoint, so a check that could never fail would show.
 """
 
@@ -197,35 +198,55 @@ def test_strict_fails_before_anything_is_sent(store, kbs):
     assert store.catalog.queries()[1] == 0
 
 
-def test_an_auto_endpoint_counts_as_cloud(store, kbs):
+def test_an_auto_endpoint_is_unknown_and_treated_as_cloud(store, kbs):
     auto = Endpoint(name="auto", base_url="auto", model="auto")
     res = run_turn(store, ["Diary", "Recipes"], QUESTION, endpoint=auto,
                    options=ChatOptions(timeouts=Timeouts(connect=1, read=1)))
     assert {s["kb_name"]: s["status"] for s in res.statuses}["Diary"] == "skipped"
-    assert res.model["location"] == "cloud"
+    assert res.model["location"] is None  # shown as "unknown (treated as cloud)"
     assert SECRET not in res.answer and res.generated is False  # "auto" cannot be reached
 
 
 def _loopback_name() -> str | None:
-    """This machine's host name if /etc/hosts points it at 127.0.0.1 (no DNS is asked)."""
+    """This machine's host name if /etc/hosts points it at loopback only (no DNS is asked)."""
     name = socket.gethostname()
     try:
-        infos = socket.getaddrinfo(name, 80, socket.AF_INET)
+        infos = socket.getaddrinfo(name, 80, type=socket.SOCK_STREAM)
     except OSError:
         return None
-    return name if name != "localhost" and any(i[4][0] == "127.0.0.1" for i in infos) else None
+    loopback = all(i[4][0].startswith("127.") or i[4][0] == "::1" for i in infos)
+    return name if name != "localhost" and infos and loopback else None
 
 
-def test_an_unknown_host_counts_as_cloud_even_when_it_is_this_machine(store, kbs):
+def test_a_host_name_that_resolves_only_to_loopback_is_on_device(store, kbs):
+    # The verdict is by address: this machine's own name, resolving to 127.x only, is here.
     name = _loopback_name()
     if name is None:
-        pytest.skip("this machine's host name does not resolve to 127.0.0.1")
+        pytest.skip("this machine's host name does not resolve to loopback only")
+    with FakeLLM(reply="Under the tin [1].") as llm:
+        by_name = Endpoint(name="by-name", base_url=f"http://{name}:{llm.port}/v1", model="m")
+        res = run_turn(store, ["Diary", "Recipes"], QUESTION, endpoint=by_name)
+        assert SECRET in received(llm)  # positive: device passages do go to a device model
+        assert llm.request_headers[0]["host"] == f"{name}:{llm.port}"
+    assert res.model["location"] == "device" and res.generated
+
+
+def test_a_cloud_verdict_by_address_skips_device_knowledge_bases(store, kbs, monkeypatch):
+    # "localhost" pointed elsewhere (a tampered /etc/hosts, a resolver on the network): cloud.
+    real = socket.getaddrinfo
+
+    def resolver(host, port, *args, **kwargs):
+        if host == "localhost":
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.255.255.1", port))]
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolver)
     with FakeLLM(reply="Bake it [1].") as llm:
-        unknown = Endpoint(name="lan-box", base_url=f"http://{name}:{llm.port}/v1", model="m")
-        res = run_turn(store, ["Diary", "Recipes"], QUESTION, endpoint=unknown)
-        assert llm.requests, "the request really reached the server by that name"
+        res = run_turn(store, ["Diary", "Recipes"], QUESTION, options=ChatOptions(
+            timeouts=Timeouts(connect=0.5, read=1)),
+            endpoint=Endpoint(name="lh", base_url=f"http://localhost:{llm.port}/v1", model="m"))
         assert SECRET not in received(llm)
-    assert res.model["location"] == "cloud" and res.generated
+    assert res.model["location"] == "cloud"
     assert {s["kb_name"]: s["status"] for s in res.statuses}["Diary"] == "skipped"
 
 

@@ -416,7 +416,8 @@ def test_seeded_fuzz_every_frame_is_answered_and_host_survives(tmp_path):
     assert len(finals) == n + 1  # one final reply per frame, no more, no less
     assert {"id": "after-fuzz", "ok": True, "result": {"ok": "yes"}} in finals
     codes = {m["error"]["code"] for m in finals if not m["ok"]}
-    assert codes <= {"protocol_error", "unknown_type", "invalid_input"}, codes
+    # host_busy: a loaded machine may let the queue fill; it is an answer, never a lost frame.
+    assert codes <= {"protocol_error", "unknown_type", "invalid_input", "host_busy"}, codes
     assert "protocol_error" in codes
     assert "Traceback" not in stderr
 

@@ -15,19 +15,7 @@ from localkb.errors import EmbeddingUnavailable, IndexUnavailable
 from localkb.ingest.extract import extract_text
 from localkb.ingest.seam import add_document
 from localkb.retrieval.search import Searcher, status_line
-from localkb.store.kb import Store
 from test_search import PAGES
-
-
-@pytest.fixture(params=["local", "team"])
-def any_store(request, settings):
-    """Each test below runs once on each store."""
-    if request.param == "local":
-        store = Store(settings)
-        yield store
-        store.close()
-    else:
-        yield request.getfixturevalue("team_store")
 
 
 @pytest.fixture

@@ -88,10 +88,17 @@ def test_two_clearances_get_different_passages_and_the_restricted_one_is_never_f
     assert trace["access"] == {"level": "internal",
                                "filter": f"kb_id = {team.kb.id} AND access_level <= 1"}
     assert secret_ids <= set(b["trace"]["kbs"][team.kb.id]["vector_fetched"])
-    # even the exact identifier finds nothing for alice, and the keyword leg says so
-    with team.client("alice") as alice:
+    # even the exact identifier finds nothing for alice, and the keyword leg says so: the name
+    # is held only above her clearance, so for her no passage mentions it (issue 15's status)
+    with team.client("alice") as alice, team.client("bob") as bob:
         code = alice.search([team.kb.id], "SB-2027", mode="keyword")
+        seen = bob.search([team.kb.id], "SB-2027", mode="keyword")
     assert code["hits"] == [] and code["trace"]["kbs"][team.kb.id]["keyword_fetched"] == []
+    st = code["statuses"][0]
+    assert code["exact_terms"] == ["SB-2027"] and st["missing_terms"] == ["SB-2027"]
+    assert st["status"] == "nothing" and st["line"].startswith('Handbook · no passage mentions "SB-2027"')
+    assert seen["statuses"][0]["missing_terms"] == [] and seen["statuses"][0]["status"] == "passages"
+    assert seen["trace"]["kbs"][team.kb.id]["exact"] == {"SB-2027": "whole"}
 
 
 def test_two_clearances_get_different_answers_through_attached_clients(team, tmp_path, settings):
@@ -189,7 +196,7 @@ def test_injection_and_oversized_inputs_are_refused_on_every_endpoint(team, team
         assert bob.passages(kb, bad, 0, 1) == []  # an id is data: matched literally, found nowhere
         # a name is data: refused by its own rule (no / or \\), or stored exactly as given
         if "/" in bad or "\\" in bad:
-            with pytest.raises(Exception, match="knowledge base name is"):
+            with pytest.raises(Exception, match=r"a knowledge base name (is|may not)"):
                 root.create_kb(bad)
         else:
             made = root.create_kb(bad)
@@ -435,6 +442,46 @@ def test_the_privacy_gate_applies_to_team_knowledge_bases(team, tmp_path, settin
     lib.local.close()
 
 
+def test_a_team_knowledge_base_made_device_only_is_never_sent_to_a_cloud_model_from_a_stale_listing(
+        team, tmp_path, settings):
+    """Its privacy is the team admin's, as it is now: the attached listing (teams.json) may be
+    older. Before: the listing said "cloud", the admin had since set "device", and the salary
+    passage went to the cloud model."""
+    from fakellm import FakeLLM
+    from localkb.answer.llm import Endpoint
+
+    team.api.system.update_kb("Handbook", privacy="cloud")
+    home = tmp_path / "bob"
+    attach(home, team.url, team.tokens["bob"])  # lists Handbook as cloud
+    team.api.system.update_kb("Handbook", privacy="device")
+    lib = Library(Store(Settings_for(home, settings)))
+    assert next(r for r in lib.kbs() if r.name == "Handbook").privacy == "cloud"  # stale
+    with FakeLLM(reply="The band is 95,000 [1].") as llm:
+        cloud = Endpoint("cloudy", llm.base_url, "fake-model", mark_cloud=True)
+        turn = run_turn(lib, ["Handbook"], "What is the senior engineer salary band?", endpoint=cloud)
+        sent = json.dumps(llm.requests)
+    assert "95,000" not in sent and "SB-2027" not in sent
+    assert [s["status"] for s in turn.statuses] == ["skipped"], turn.statuses
+    # ... and a history turn drawn from it is gated the same way (issue 14's provenance)
+    team.api.system.update_kb("Handbook", privacy="cloud")
+    attach(tmp_path / "bob2", team.url, team.tokens["bob"])
+    lib2 = Library(Store(Settings_for(tmp_path / "bob2", settings)))
+    first = run_turn(lib2, ["Handbook"], "What is the senior engineer salary band?", endpoint=None)
+    assert team.kb.id in first.kbs and "95,000" in first.answer
+    team.api.system.update_kb("Handbook", privacy="device")
+    from localkb.answer.chat import Turn
+
+    history = [Turn("user", "What is the senior engineer salary band?"),
+               Turn("assistant", first.answer, tuple(first.kbs))]
+    with FakeLLM(reply="Ask HR.") as llm:
+        cloud = Endpoint("cloudy", llm.base_url, "fake-model", mark_cloud=True)
+        run_turn(lib2, ["Handbook"], "and who decides it?", history=history, endpoint=cloud)
+        sent = json.dumps(llm.requests)
+    assert "95,000" not in sent
+    lib.local.close()
+    lib2.local.close()
+
+
 # -- the server as a process ------------------------------------------------------------------
 class ServerProcess:
     """``localkb team serve`` in a subprocess; its URL read from its first line."""
@@ -602,3 +649,36 @@ def test_teams_file_survives_concurrent_listings(tmp_path):
         t.join(60)
     assert errors == [] and load_attachments(tmp_path)[0].name == "acme"
     assert (tmp_path / "teams.json").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_database_written_with_another_keyword_analysis_is_reanalysed_on_open(team_store, team_db_url,
+                                                                                settings):
+    """The team twin of the local index rebuilt on open: tsvectors of an older analysis (before
+    issue 15's positions, suffixes and versions) are rewritten when a server connects."""
+    from localkb.ingest.extract import extract_text
+    from localkb.ingest.seam import add_document
+    from localkb.team.access import Access
+    from localkb.team.db import Database
+    from localkb.team.store import TeamStore
+
+    team_store.create_kb("Docs")
+    kb = team_store.open_kb("Docs")
+    add_document(kb, extract_text("class asyncio.Task(coro)\nTask.done() returns True when the Task "
+                                  "is done.", title="Coroutines and Tasks"), key="page:task")
+    with team_store.db.tx() as conn:  # what a database of the previous analysis holds
+        conn.execute("UPDATE chunks SET tsv = to_tsvector('simple', text)")
+        conn.execute("DELETE FROM meta")
+    stale = Searcher(team_store).search(["Docs"], "asyncio.Task.done", mode="keyword")
+    assert stale.statuses[0].missing_terms == ["asyncio.Task.done"]  # the old lexemes lack it
+    db = Database(team_db_url)
+    try:
+        assert db.reanalyzed == 1
+        fresh = Searcher(TeamStore(db, settings, Access.system())).search(
+            ["Docs"], "asyncio.Task.done", mode="keyword")
+        st = fresh.statuses[0]
+        assert st.status == "passages" and st.missing_terms == [], st
+        again = Database(team_db_url)
+        again.close()
+        assert again.reanalyzed == 0  # once only
+    finally:
+        db.close()

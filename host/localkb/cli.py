@@ -393,6 +393,10 @@ def explain_table(res) -> str:
             name = next((s.kb_name for s in res.statuses if s.kb == kb_id), kb_id)
             lines.append(f"lists ({name}): " + ", ".join(
                 f"{n} {t['candidates'].get(n, 0)} at weight {w:g}" for n, w in t["weights"].items()))
+        if t.get("exact"):
+            name = next((s.kb_name for s in res.statuses if s.kb == kb_id), kb_id)
+            lines.append(f"exact terms ({name}): " + ", ".join(
+                f"{term} {how}" for term, how in t["exact"].items()))
     lines += [f"{'cos':>6} {'fused':>6} {'bm25':>7} {'terms':>5}  {'lists':15} {'':3} passage"]
     drawn = False
     for h in rows:
@@ -438,7 +442,7 @@ def cmd_doctor(args, out: Out) -> int:
                  f"model: {m['id']} ({m.get('variant')}) "
                  + ("ok" if m.get("ok") else f"UNAVAILABLE: {m.get('error')}")]
         for kb in report["knowledge_bases"]:
-            state = "ok" if not kb["problems"] else "; ".join(kb["problems"])
+            state = "; ".join(kb["problems"]) or "; ".join(["ok", *kb.get("notes", [])])
             lines.append(f"{kb['name']}: {kb['chunks']} chunks, vectors "
                          f"{kb.get('vector_index', {}).get('count', '?')}, keywords "
                          f"{kb.get('keyword_index', {}).get('count', '?')}: {state}")
@@ -455,15 +459,19 @@ def cmd_doctor(args, out: Out) -> int:
 def cmd_eval(args, out: Out) -> int:
     from localkb.retrieval.evaluate import format_table, run_eval
 
+    kw = {"modes": args.modes, "model": args.model, "k": args.k, "rerank_model": args.rerank_model,
+          "limit_queries": args.limit_queries, "baseline": args.baseline, "split": args.split,
+          "index_dir": args.index_dir}
     if args.store == "team":
+        from localkb.errors import InvalidInput
         from localkb.team.cli import throwaway_team_store
 
+        if args.index_dir:
+            raise InvalidInput("--index-dir keeps a local index; it does not go with --store team")
         with throwaway_team_store(args.db) as store:
-            res = run_eval(args.path, modes=args.modes, model=args.model, k=args.k,
-                           rerank_model=args.rerank_model, limit_queries=args.limit_queries, store=store)
+            res = run_eval(args.path, store=store, **kw)
     else:
-        res = run_eval(args.path, modes=args.modes, model=args.model, k=args.k,
-                       rerank_model=args.rerank_model, limit_queries=args.limit_queries)
+        res = run_eval(args.path, **kw)
     out.emit(res, lambda: format_table(res))
     return 0
 
@@ -568,9 +576,10 @@ def _chat_turn(args, out: Out, store, message: str, history: list, *, cache, kin
     def confirm(request: dict) -> bool:
         if out.json:
             return False  # no one to ask: a model-driven write is never made unconfirmed
-        preview = request["text"][:600] + ("…" if request["chars"] > 600 else "")
+        # All of it: what is approved is exactly what is written.
         print(f"\n\nThe model asks to save “{request['title']}” ({request['chars']:,} characters) "
-              f"to {request['kb_name']}:\n{preview}\nSave it? (y/N) ", end="", flush=True)
+              f"to {request['kb_name']}:\n{request['text']}\n--- end of the text ---\nSave it? (y/N) ",
+              end="", flush=True)
         return sys.stdin.readline().strip().lower() in {"y", "yes"}
 
     options = ChatOptions(use_weaker_matches=args.weaker, strict=args.strict, kind=kind)
@@ -633,19 +642,19 @@ def cmd_chat(args, out: Out) -> int:
 
 
 def cmd_config_endpoint(args, out: Out) -> int:
-    from localkb.answer.llm import Endpoint, LLMConfig, load_config, save_config
+    from localkb.answer.llm import LLMConfig, load_config, merge_endpoint, save_config
 
     root = Settings.from_env().data_dir
     config = load_config(root)
     endpoints = list(config.endpoints)
     default = config.default_endpoint
+    note = None
     if args.action == "add":
         key = sys.stdin.readline().strip() if args.api_key_stdin else None
-        old = next((e for e in endpoints if e.name == args.name), None)
-        endpoint = Endpoint.from_dict({
+        endpoint, note = merge_endpoint(config, {
             "name": args.name, "base_url": args.base_url, "model": args.model,
             "api_key_env": args.api_key_env, "mark_cloud": args.mark_cloud,
-            "api_key": key if key else (old.api_key if old else None)})
+            **({"api_key": key} if key else {})})
         endpoints = [e for e in endpoints if e.name != args.name] + [endpoint]
         if args.default or default is None:
             default = endpoint.name
@@ -669,12 +678,15 @@ def cmd_config_endpoint(args, out: Out) -> int:
         for e in shown["endpoints"]:
             mark = "*" if e["name"] == shown["default_endpoint"] else " "
             key = "key set" if e["api_key_set"] else "no key"
-            lines.append(f"{mark} {e['name']:16} {e['location']:6} {e['model']:24} {e['base_url']} ({key})")
+            where = e["location"] or "unknown (treated as cloud)"
+            lines.append(f"{mark} {e['name']:16} {where:6} {e['model']:24} {e['base_url']} ({key})")
         if shown["default_endpoint"] is None:
             lines.append("no default: answers are extractive unless --endpoint is given")
+        if note:
+            lines.append(f"note: {note} (--api-key-stdin)")
         return "\n".join(lines)
 
-    out.emit(shown, text)
+    out.emit({**shown, "notes": [note] if note else []}, text)
     return 0
 
 
@@ -984,6 +996,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="team: the same eval on the PostgreSQL + pgvector store (a throw-away database)")
     c.add_argument("--db", default=None, help="with --store team: a PostgreSQL URL (default: an embedded "
                                               "cluster in a temporary folder)")
+    c.add_argument("--baseline", choices=["bm25"], default=None,
+                   help="also score plain BM25 over whole pages (rank-bm25, \\w+ tokens)")
+    c.add_argument("--split", default="test", help="the qrels file to score (qrels/SPLIT.tsv)")
+    c.add_argument("--index-dir", default=None,
+                   help="keep the index there; a later run on the same set reuses it")
     c.set_defaults(func=cmd_eval)
     c = sub.add_parser("log", parents=[common], help="the query log")
     c.add_argument("--limit", type=int, default=20)
@@ -1065,6 +1082,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from localkb.perms import private_umask
+
+    private_umask()  # the data dir and everything in it: 0700 / 0600, whatever the umask
     parser = build_parser()
     args = parser.parse_args(argv)
     out = Out(getattr(args, "json", False))

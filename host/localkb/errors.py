@@ -30,6 +30,8 @@ the boundary with ``raise X(...) from err``.
     ├── PrivacyBlocked              privacy_blocked
     ├── DecryptionFailed            decryption_failed
     │   └── PassphraseRequired      passphrase_required
+    ├── LimitExceeded               limit_exceeded
+    │   └── HostBusy                host_busy
     └── Cancelled                   cancelled
 """
 
@@ -189,6 +191,20 @@ class PassphraseRequired(DecryptionFailed):
     """An encrypted file arrived without a passphrase; nothing was read or written."""
 
     code = "passphrase_required"
+
+
+class LimitExceeded(LocalKBError):
+    """A request would pass a stated limit (upload disk use, values in one message); ``detail``
+    names the limit and its figure. Nothing was done."""
+
+    code = "limit_exceeded"
+
+
+class HostBusy(LimitExceeded):
+    """The host already holds as much work as it takes at once (queued requests, open uploads);
+    retry when some of it is done."""
+
+    code = "host_busy"
 
 
 class Cancelled(LocalKBError):

@@ -13,7 +13,9 @@ Every path that sends anything to a model goes through ``privacy.allowed_knowled
 the selected knowledge bases (chat and extractive), the earlier turns sent for rewriting
 and as chat history (an assistant turn is sent only when every knowledge base it drew on
 may reach the model; a turn that does not say is treated as device only), and the targets
-offered to the ``add_to_knowledge_base`` tool.
+offered to the ``add_to_knowledge_base`` tool. A turn's provenance (``ChatResult.kbs``) is the
+union of its passages' knowledge bases and those of every history turn that reached one of its
+prompts, so an on-device model restating a device-only answer never launders it for a cloud one.
 
 The core never prints or reads stdin: the host and the CLI hand in callbacks for steps,
 tokens and confirmations.
@@ -37,12 +39,12 @@ from typing import Any
 import numpy as np
 
 from localkb.answer.llm import DEFAULT_TIMEOUTS, Endpoint, Timeouts, ToolCall, stream_chat, stream_chat_events
-from localkb.answer.privacy import GateResult, allowed_knowledge_bases, endpoint_location
+from localkb.answer.privacy import GateResult, Placement, allowed_knowledge_bases, locate
 from localkb.errors import Cancelled, InvalidInput, LLMUnavailable, LocalKBError
 from localkb.retrieval.search import Hit, KBStatus, Reranker, Searcher, names_phrase, summary_line
+from localkb.store.analysis import TOKEN_PATTERN, stopwords
 from localkb.store.base import KnowledgeStore as Store
 from localkb.store.catalog import KBRecord
-from localkb.store.keywords import TOKEN_PATTERN, stopwords
 
 #: What the model is told to say, and what the extractive path says, when the passages fall short.
 IDK = "I don't know from these documents"
@@ -52,6 +54,12 @@ SEMANTIC_MIN_COSINE = 0.90
 #: How many earlier turns a rewrite (and the chat prompt) sees.
 HISTORY_TURNS = 4
 MAX_HISTORY = 50
+#: A turn's ``kbs`` grows with the provenance of its history, so it may name many more
+#: knowledge bases than one question selects.
+MAX_TURN_KBS = 1000
+#: The provenance of text whose origin is unknown (a history turn without ``kbs``): no
+#: knowledge base has this id, so the gate treats it as device only wherever it goes next.
+UNKNOWN_PROVENANCE = "unknown"
 MAX_TURN_CHARS = 32_000
 MAX_MESSAGE_CHARS = 8_000
 EXTRACTIVE_QUOTES = 3
@@ -79,7 +87,8 @@ _SAVE_INTENT = re.compile(
 
 StepFn = Callable[[dict], None]
 TokenFn = Callable[[str], None]
-ConfirmFn = Callable[[dict], bool]
+#: True writes, False declines, None: no answer in time (expired).
+ConfirmFn = Callable[[dict], bool | None]
 
 
 # --------------------------------------------------------------------------- inputs
@@ -111,7 +120,7 @@ def parse_history(raw: Any) -> list[Turn]:
             raise InvalidInput(f"a history turn's content must be a string of at most "
                                f"{MAX_TURN_CHARS:,} characters", detail={"field": "history"})
         kbs = item.get("kbs")
-        if kbs is not None and (not isinstance(kbs, list) or len(kbs) > 50
+        if kbs is not None and (not isinstance(kbs, list) or len(kbs) > MAX_TURN_KBS
                                 or not all(isinstance(k, str) and 0 < len(k) <= 200 for k in kbs)):
             raise InvalidInput("a history turn's 'kbs' must be a list of knowledge-base ids",
                                detail={"field": "history"})
@@ -186,6 +195,8 @@ class Rewrite:
     method: str  # none | model | fallback | original
     reason: str = ""
     ms: float = 0.0
+    #: Knowledge bases of the earlier turns the rewrite prompt carried (see ``gated_history``).
+    provenance: frozenset[str] = frozenset()
 
     def to_dict(self) -> dict:
         return {"query": self.query, "method": self.method, "reason": self.reason, "ms": self.ms}
@@ -234,6 +245,7 @@ def rewrite_query(
     *,
     timeout: float = REWRITE_TIMEOUT_S,
     cancel: threading.Event | None = None,
+    placement: Placement | None = None,
 ) -> Rewrite:
     """Make a follow-up standalone; anything else is searched as typed.
 
@@ -244,14 +256,18 @@ def rewrite_query(
     started = time.perf_counter()
     earlier = list(history)[-HISTORY_TURNS:]
 
+    provenance: set[str] = set()
+
     def done(query: str, method: str, reason: str = "") -> Rewrite:
-        return Rewrite(query, method, reason, round((time.perf_counter() - started) * 1000, 3))
+        return Rewrite(query, method, reason, round((time.perf_counter() - started) * 1000, 3),
+                       frozenset(provenance))
 
     if not any(t.role == "user" for t in earlier) or not is_follow_up(message):
         return done(message, "none")
     reason = "no model is configured"
     if endpoint is not None:
-        turns = gated_history(store, endpoint, earlier)
+        placement = placement if placement is not None else locate(endpoint)
+        turns, provenance = gated_history(store, endpoint, earlier, placement)
         convo = "\n".join(f"{t['role']}: {t['content']}" for t in turns)
         prompt = [
             {"role": "system", "content": (
@@ -265,6 +281,7 @@ def rewrite_query(
             with _deadline(cancel, timeout) as stop:
                 text = "".join(stream_chat(
                     endpoint, prompt, cancel=stop, max_tokens=100, temperature=0.0,
+                    placement=placement,
                     timeout=Timeouts(connect=min(timeout, DEFAULT_TIMEOUTS.connect), read=timeout)))
             query = _clean_rewrite(text)
             if query:
@@ -289,16 +306,22 @@ def rewrite_query(
 class _Unknown:
     """An assistant turn that does not say which knowledge bases it drew on: device only."""
 
-    id: str = "unknown"
+    id: str = UNKNOWN_PROVENANCE
     name: str = "an earlier answer"
     privacy: str = "device"
 
 
-def gated_history(store: Store | None, endpoint: Endpoint | None,
-                  turns: Sequence[Turn]) -> list[dict[str, str]]:
-    """The earlier turns that may reach ``endpoint``: user turns, and assistant turns whose
-    knowledge bases all pass the privacy gate (an unknown or deleted one counts as device)."""
+def gated_history(store: Store | None, endpoint: Endpoint | None, turns: Sequence[Turn],
+                  placement: Placement | None = None) -> tuple[list[dict[str, str]], set[str]]:
+    """The earlier turns that may reach ``endpoint``, and the provenance of those that do.
+
+    User turns always go (they are the user's own words). An assistant turn goes only when every
+    knowledge base it drew on passes the privacy gate (an unknown or deleted one counts as
+    device). What goes carries its provenance into the prompt, so the answer built from that
+    prompt inherits it: ``UNKNOWN_PROVENANCE`` for a turn that did not say.
+    """
     out = []
+    provenance: set[str] = set()
     for turn in turns:
         if turn.role == "assistant":
             refs: list[Any] = []
@@ -307,10 +330,11 @@ def gated_history(store: Store | None, endpoint: Endpoint | None,
                 refs.append(rec or _Unknown(id=kb_id))
             if turn.kbs is None:
                 refs.append(_Unknown())
-            if allowed_knowledge_bases(endpoint, refs).skipped:
+            if allowed_knowledge_bases(endpoint, refs, placement=placement).skipped:
                 continue
+            provenance.update(str(r.id) for r in refs)
         out.append({"role": turn.role, "content": turn.content})
-    return out
+    return out, provenance
 
 
 # --------------------------------------------------------------------------- prompt
@@ -513,8 +537,9 @@ class Confirmations:
             self._pending[(target, call_id)] = [threading.Event(), False]
 
     def wait(self, target: Any, call_id: str, cancel: threading.Event | None = None,
-             timeout: float = CONFIRM_TIMEOUT_S) -> bool:
-        """The user's answer; no answer within ``timeout`` is "no"; a cancel raises ``Cancelled``."""
+             timeout: float = CONFIRM_TIMEOUT_S) -> bool | None:
+        """The user's answer; ``None`` when none came within ``timeout`` (nothing is written
+        then either); a cancel raises ``Cancelled``."""
         with self._lock:
             slot = self._pending.get((target, call_id))
         if slot is None:
@@ -525,7 +550,7 @@ class Confirmations:
                 if cancel is not None and cancel.is_set():
                     raise Cancelled("the chat turn was cancelled while waiting for a confirmation")
                 if time.monotonic() >= end:
-                    return False
+                    return None
             return bool(slot[1])
         finally:
             with self._lock:
@@ -561,7 +586,9 @@ class ChatResult:
     cached: str | bool = False
     notes: list[str] = field(default_factory=list)
     tool_calls: list[dict] = field(default_factory=list)
-    #: Knowledge bases whose passages reached the answer: hand back in ``history[].kbs``.
+    #: Provenance: the knowledge bases of the passages and of every history turn that reached
+    #: this turn's prompts (``UNKNOWN_PROVENANCE`` for one that did not say). Hand it back in
+    #: ``history[].kbs``: the answer may restate any of them.
     kbs: list[str] = field(default_factory=list)
     #: One line over the statuses ("Found in Docs · 2 others had nothing"), see summary_line.
     summary: str = ""
@@ -606,15 +633,36 @@ def _quote(text: str) -> str:
     return text[:QUOTE_CHARS].rsplit(" ", 1)[0] + " …"
 
 
-def extractive_answer(passages: Sequence[Hit], why: str) -> tuple[str, list[int]]:
-    """The best passages quoted with their citations, labelled as not generated."""
+def _names(terms: Sequence[str]) -> str:
+    return " or ".join(f"“{t}”" for t in terms)
+
+
+def extractive_answer(passages: Sequence[Hit], why: str,
+                      missing: Sequence[str] = ()) -> tuple[str, list[int]]:
+    """The best passages quoted with their citations, labelled as not generated.
+
+    A passage that does not mention an exact term the question asks about says so after
+    its quote, and when no passage mentions it at all the answer starts by saying that.
+    """
     lines = [f"Not generated ({why}): the best-matching passages, quoted.", ""]
+    if missing:
+        lines = [f"Not generated ({why}). No passage mentions {_names(missing)}; "
+                 "the closest passages, quoted:", ""]
     used = []
     for n, hit in enumerate(passages[:EXTRACTIVE_QUOTES], start=1):
         page = f", page {hit.page}" if hit.page else ""
-        lines.append(f"[{n}] “{_quote(hit.text)}” — {hit.title} ({hit.kb_name}{page})")
+        lacks = f" — does not mention {_names(hit.missing_terms)}" if hit.missing_terms else ""
+        lines.append(f"[{n}] “{_quote(hit.text)}” — {hit.title} ({hit.kb_name}{page}){lacks}")
         used.append(n)
     return "\n".join(lines).rstrip(), used
+
+
+def _missing_everywhere(statuses: Sequence[KBStatus]) -> list[str]:
+    """Exact terms of the question that no searched knowledge base holds."""
+    searched = [s for s in statuses if s.status not in ("skipped", "unavailable")]
+    if not searched:
+        return []
+    return [t for t in searched[0].exact_terms if all(t in s.missing_terms for s in searched)]
 
 
 def _order(hit: Hit) -> tuple:
@@ -632,7 +680,9 @@ def _no_passages_answer(statuses: Sequence[KBStatus], use_weaker: bool) -> str:
                     "says nothing about what they hold.")
         return "No knowledge base could be searched for this model, so there is nothing to answer from."
     names = names_phrase([s.kb_name for s in searched])
-    text = f"{IDK}: nothing in {names} matches this question well enough."
+    missing = _missing_everywhere(statuses)
+    text = (f"{IDK}: no passage in {names} mentions {_names(missing)}." if missing
+            else f"{IDK}: nothing in {names} matches this question well enough.")
     if failed:
         text += (f" The search of {names_phrase(failed)} did not run, so this says nothing about "
                  f"what {'it holds' if len(failed) == 1 else 'they hold'}.")
@@ -682,13 +732,18 @@ def _run_tool(store: Store, call: ToolCall, *, offered: bool, targets: Sequence[
         return {**out, "reason": "nothing to save (or more than 1,000,000 characters)"}
     title = (title or "").strip()[:200] or "Saved from chat"
     out.update(kb=target.id, kb_name=target.name, title=title)
+    # The user is shown all of what approval writes, never a preview: a big text travels in
+    # parts like any big frame, and the write below is exactly this text.
     request = {"call_id": call.id, "tool": ADD_TOOL, "kb": target.id, "kb_name": target.name,
                "title": title, "text": text, "chars": len(text)}
-    approved = bool(confirm(request)) if confirm is not None else False
+    answer = confirm(request) if confirm is not None else False
     if cancel is not None and cancel.is_set():
         raise Cancelled("the chat turn was cancelled")
-    out["approved"] = approved
-    if not approved:
+    out["approved"] = answer is True
+    if answer is None:
+        return {**out, "status": "expired",
+                "reason": f"no answer within {CONFIRM_TIMEOUT_S:g} s: nothing was written"}
+    if answer is not True:
         return {**out, "status": "declined", "reason": "not confirmed: nothing was written"}
     from localkb.ingest.pipeline import add_capture
 
@@ -755,24 +810,32 @@ def run_turn(
         raise InvalidInput("choose at least one knowledge base", detail={"field": "kbs"})
     if not 1 <= options.k <= 50:
         raise InvalidInput("k must be from 1 to 50", detail={"field": "k"})
+    # Where the model runs is decided once, by address, for the whole turn: every gate below
+    # and every request to the model use this one decision (the client connects an on-device
+    # verdict only to the addresses it was made on).
+    placement = locate(endpoint)
+    if not placement.on_device:
+        # Privacy held elsewhere (a team administrator's) is read as it is now, not as listed.
+        store.confirm_privacy()
     records: list[KBRecord] = []
     for ref in kb_refs:
         rec = store.resolve(ref)
         if rec.id not in {r.id for r in records}:
             records.append(rec)
-    location = endpoint_location(endpoint)
+    location = placement.location
     model = ({"name": endpoint.name, "model": endpoint.model, "location": location}
              if endpoint is not None else None)
     weaker_ids = tuple(sorted({store.resolve(ref).id for ref in options.weaker_kbs}))
 
     # The gate, before anything is sent anywhere (strict raises here).
-    gate: GateResult = allowed_knowledge_bases(endpoint, records, strict=options.strict)
+    gate: GateResult = allowed_knowledge_bases(endpoint, records, strict=options.strict,
+                                               placement=placement)
     allowed: list[KBRecord] = list(gate.allowed)  # type: ignore[arg-type]
     skipped = [(s.kb.id, s.kb.name, s.reason) for s in gate.skipped]
     _cancelled(cancel)
 
     rewrite = rewrite_query(message, history, endpoint, store, timeout=options.rewrite_timeout,
-                            cancel=cancel)
+                            cancel=cancel, placement=placement)
     query = rewrite.query
     _cancelled(cancel)
 
@@ -819,6 +882,9 @@ def run_turn(
             result = ChatResult.from_dict(hit)
             result.cached = how
             result.answer_line = f"{result.answer_line} · repeated from the answer cache"
+            # The cached answer keeps the provenance of the prompt it came from; this turn's
+            # rewrite may have carried more.
+            result.kbs = sorted(set(result.kbs) | rewrite.provenance)
             result.rewritten_query = query if rewrite.method != "none" else None
             trace.update(statuses=result.statuses, stages_ms={
                 "rewrite": rewrite.ms, **dict.fromkeys(STAGES[1:], 0.0)},
@@ -872,6 +938,9 @@ def run_turn(
               f"holds ({s.message})." for s in unavailable]
     if any(not h.relevant for h in passages):
         notes.append("This reply includes weaker matches, below the relevance cut-off.")
+    missing = _missing_everywhere(statuses)
+    if missing:
+        notes.append(f"No passage mentions {_names(missing)}.")
 
     # -- answer ----------------------------------------------------------------------------
     generated = False
@@ -888,14 +957,20 @@ def run_turn(
         # to a cloud model.
         # Only local knowledge bases are offered: a team's are written through its server.
         local = [r for r in store.kbs() if getattr(r, "team", None) is None]
-        targets = list(allowed_knowledge_bases(endpoint, local).allowed)  # type: ignore[arg-type]
+        targets = list(allowed_knowledge_bases(  # type: ignore[arg-type]
+            endpoint, local, placement=placement).allowed)
     # No passages, no model call (nothing to ground an answer in), unless the user asked to
     # save something: that needs the model whatever the search found.
+    # What reached a prompt of this turn, and so what its answer may restate: the rewrite's
+    # history, then the chat prompt's passages and history (added below).
+    provenance = set(rewrite.provenance)
     if endpoint is not None and (passages or (tools_offered and targets)):
+        prompt_history, sent = gated_history(store, endpoint, list(history)[-HISTORY_TURNS:],
+                                             placement)
+        provenance |= sent
         messages = build_messages(
             message, passages, contexts=[passage_context(store, h) for h in passages],
-            unavailable=[s.kb_name for s in unavailable],
-            history=gated_history(store, endpoint, list(history)[-HISTORY_TURNS:]),
+            unavailable=[s.kb_name for s in unavailable], history=prompt_history,
             rewritten=query, tools_offered=tools_offered and bool(targets),
             partial=options.continue_from)
         t0 = time.perf_counter()
@@ -905,7 +980,8 @@ def run_turn(
             # makes anyway (prompted by a passage) is reported as refused, never lost silently.
             tools = [_tool_spec(targets)] if tools_offered and targets else []
             stream = stream_chat_events(endpoint, messages, tools=tools, timeout=options.timeouts,
-                                        cancel=cancel, max_tokens=options.max_tokens)
+                                        cancel=cancel, max_tokens=options.max_tokens,
+                                        placement=placement)
             for piece in stream:
                 if isinstance(piece, ToolCall):
                     calls.append(piece)
@@ -920,7 +996,7 @@ def run_turn(
             model_failed = True
             store.log_error("chat", err.code, str(err))
             notes.append(f"The model {endpoint.name} failed, so this answer is not generated: {err}")
-            answer, cited = extractive_answer(passages, f"the model {endpoint.name} failed")
+            answer, cited = extractive_answer(passages, f"the model {endpoint.name} failed", missing)
         generate_ms = _ms(t0)
         for call in calls:
             outcome = _run_tool(store, call, offered=tools_offered and bool(targets), targets=targets,
@@ -933,7 +1009,7 @@ def run_turn(
         if generated and not answer.strip() and tool_calls:
             answer = " ".join(n for n in notes if ADD_TOOL in n or n.startswith("Saved "))
     elif passages:
-        answer, cited = extractive_answer(passages, options.no_model_reason)
+        answer, cited = extractive_answer(passages, options.no_model_reason, missing)
     else:
         answer = _no_passages_answer(statuses, options.use_weaker_matches or bool(weaker_ids))
     if removed:
@@ -970,7 +1046,7 @@ def run_turn(
         answer=answer, generated=generated, citations=citations, removed_citations=removed,
         ungrounded=ungrounded, rewritten_query=query if rewrite.method != "none" else None,
         statuses=status_dicts, model=model, trace=trace, cached=False, notes=notes,
-        tool_calls=tool_calls, kbs=sorted({h.kb for h in passages}),
+        tool_calls=tool_calls, kbs=sorted(provenance | {h.kb for h in passages}),
         summary=summary_line(statuses), answer_line=line)
     if (cache is not None and not tools_offered and not model_failed and not unavailable
             and not options.continue_from

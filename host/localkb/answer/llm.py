@@ -30,10 +30,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpcore
 import httpx
 
-from localkb.answer.privacy import endpoint_location
+from localkb.answer.privacy import Placement, endpoint_target, is_loopback_address, locate
 from localkb.errors import Cancelled, InvalidInput, LLMUnavailable, NotFound
+from localkb.perms import private_dir
+from localkb.redact import redact
+from localkb.strings import clean_name
 
 CONFIG_FILE = "config.json"
 _CONFIG_MODE = 0o600
@@ -44,6 +48,23 @@ _MAX_JSON_BODY = 8 * 1024 * 1024
 # How often the cancel watcher looks at the cancel event; the bound on cancel latency.
 _CANCEL_POLL = 0.05
 _NAME_RE = re.compile(r"^[^\x00-\x1f]{1,100}$")
+#: The only environment variables an endpoint may read its key from: ones named for holding a
+#: key (``OPENAI_API_KEY``, ``HF_TOKEN``). Any other name (``HOME``, ``AWS_SECRET_ACCESS_KEY``,
+#: ``LOCALKB_PASSPHRASE``) is refused, so a configuration cannot send an unrelated secret.
+KEY_ENV_PATTERN = re.compile(r"[A-Z][A-Z0-9_]{0,126}(?:_API_KEY|_TOKEN)")
+
+
+def key_env_allowed(name: object) -> bool:
+    """Whether ``name`` is a variable an endpoint may read its key from."""
+    return isinstance(name, str) and KEY_ENV_PATTERN.fullmatch(name) is not None
+
+
+def check_base_url(name: str, url: str) -> None:
+    """``InvalidInput`` unless ``url`` is an http(s) URL with a host the client can connect to."""
+    problem = endpoint_target(url)
+    if isinstance(problem, str):
+        raise InvalidInput(f"endpoint {name!r}: base_url {url!r}: {problem} (it must look like "
+                           "http://127.0.0.1:11434/v1)", detail={"field": "base_url"})
 
 
 # --------------------------------------------------------------------------- endpoints
@@ -68,9 +89,13 @@ class Endpoint:
     mark_cloud: bool = False
 
     def resolve_api_key(self, environ: Mapping[str, str] | None = None) -> str | None:
-        """The key to send: the variable named by ``api_key_env`` if set, else the stored key."""
+        """The key to send: the variable named by ``api_key_env`` if set, else the stored key.
+
+        A variable whose name is not a key variable's (see ``KEY_ENV_PATTERN``) is never read,
+        even if an older configuration names it.
+        """
         env = os.environ if environ is None else environ
-        if self.api_key_env:
+        if self.api_key_env and key_env_allowed(self.api_key_env):
             value = env.get(self.api_key_env)
             if value:
                 return value
@@ -85,7 +110,7 @@ class Endpoint:
             "api_key_env": self.api_key_env,
             "api_key_set": self.resolve_api_key() is not None,
             "mark_cloud": self.mark_cloud,
-            "location": endpoint_location(self),
+            "location": locate(self).location,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -100,13 +125,19 @@ class Endpoint:
         }
 
     @classmethod
-    def from_dict(cls, data: Any) -> Endpoint:
-        """Build an endpoint from untrusted JSON; ``InvalidInput`` names the bad field."""
+    def from_dict(cls, data: Any, *, stored: bool = False) -> Endpoint:
+        """Build an endpoint from untrusted JSON; ``InvalidInput`` names the bad field.
+
+        ``stored``: read from config.json, where an older version may have kept what is refused
+        today (a variable that is not a key variable); it loads, and is never used.
+        """
         if not isinstance(data, Mapping):
             raise InvalidInput("an endpoint must be a JSON object")
         name = data.get("name")
         if not isinstance(name, str) or not _NAME_RE.match(name) or not name.strip():
             raise InvalidInput(f"endpoint name must be 1-100 printable characters, got {name!r}")
+        if not stored:
+            name = clean_name(name, what="an endpoint name", max_len=100)
         base_url = data.get("base_url")
         if not isinstance(base_url, str) or not base_url.strip():
             raise InvalidInput(f"endpoint {name!r}: base_url must be a non-empty string")
@@ -116,6 +147,11 @@ class Endpoint:
         api_key_env = data.get("api_key_env")
         if api_key_env is not None and (not isinstance(api_key_env, str) or not api_key_env):
             raise InvalidInput(f"endpoint {name!r}: api_key_env must be a variable name or null")
+        if api_key_env is not None and not stored and not key_env_allowed(api_key_env):
+            raise InvalidInput(
+                f"endpoint {name!r}: api_key_env {api_key_env!r} is not a key variable: name one "
+                "you set for the key, in capitals, ending in _API_KEY or _TOKEN "
+                "(e.g. OPENAI_API_KEY)", detail={"field": "api_key_env"})
         api_key = data.get("api_key")
         if api_key is not None and not isinstance(api_key, str):
             raise InvalidInput(f"endpoint {name!r}: api_key must be a string or null")
@@ -171,6 +207,28 @@ class LLMConfig:
         }
 
 
+def merge_endpoint(old: LLMConfig, given: Mapping[str, Any]) -> tuple[Endpoint, str | None]:
+    """The endpoint as given, and a note when a stored key was dropped.
+
+    A stored key is bound to the base URL it was given for: an endpoint sent without
+    ``api_key`` keeps the key stored under its name only while its base URL is unchanged, so
+    editing the URL of "openai" never sends its key to the new host.
+    """
+    if not isinstance(given, Mapping):
+        raise InvalidInput("each endpoint must be an object", detail={"field": "endpoints"})
+    raw = dict(given)
+    note = None
+    if "api_key" not in raw:
+        prev = next((e for e in old.endpoints if e.name == raw.get("name")), None)
+        url = raw.get("base_url")
+        same = prev is not None and isinstance(url, str) and prev.base_url == url.strip()
+        raw["api_key"] = prev.api_key if same else None
+        if prev is not None and prev.api_key and not same:
+            note = (f"the stored API key of {prev.name!r} was dropped: it was given for "
+                    f"{display_url(prev.base_url)}, not for the new URL; give it again")
+    return Endpoint.from_dict(raw), note
+
+
 def _read_config_json(path: Path) -> dict[str, Any]:
     try:
         raw = path.read_text(encoding="utf-8")
@@ -198,7 +256,7 @@ def load_config(data_dir: Path) -> LLMConfig:
     if default is not None and not isinstance(default, str):
         raise InvalidInput(f"{path}: 'default_endpoint' must be a name or null")
     return LLMConfig(
-        endpoints=tuple(Endpoint.from_dict(e) for e in raw_endpoints),
+        endpoints=tuple(Endpoint.from_dict(e, stored=True) for e in raw_endpoints),
         default_endpoint=default,
     )
 
@@ -206,12 +264,19 @@ def load_config(data_dir: Path) -> LLMConfig:
 def save_config(data_dir: Path, config: LLMConfig) -> None:
     """Write the endpoints into ``<data_dir>/config.json``: 0600, temp file + rename.
 
-    Other top-level keys of the file (settings owned by other parts of the host) are kept.
+    Every endpoint that is new or whose URL changed must have a URL the client can connect to
+    (``InvalidInput`` otherwise, and nothing is written); one stored before URLs were checked
+    is kept as it was. Other top-level keys of the file (settings owned by other parts of the
+    host) are kept.
     """
-    directory = Path(data_dir)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = private_dir(Path(data_dir))
     path = directory / CONFIG_FILE
     data = _read_config_json(path)
+    before = {(e.get("name"), e.get("base_url")) for e in data.get("endpoints") or []
+              if isinstance(e, dict)}
+    for endpoint in config.endpoints:
+        if (endpoint.name, endpoint.base_url) not in before:
+            check_base_url(endpoint.name, endpoint.base_url)
     data["endpoints"] = [e.to_dict() for e in config.endpoints]
     data["default_endpoint"] = config.default_endpoint
     payload = json.dumps(data, indent=2, ensure_ascii=False).encode("utf-8") + b"\n"
@@ -333,36 +398,69 @@ def _where(endpoint: Endpoint) -> str:
 
 
 def _unavailable(endpoint: Endpoint, what: str, reason: str, **extra: Any) -> LLMUnavailable:
+    # Everything here may quote the server (an error body, a redirect target), and a server may
+    # echo the key it was sent: redacted before it can reach a log, the catalogue or a reply.
+    secrets = (endpoint.api_key, endpoint.resolve_api_key())
     detail = {
         "endpoint": endpoint.name,
         "base_url": display_url(endpoint.base_url),
         "reason": reason,
-        **extra,
+        **{k: redact(v, secrets) if isinstance(v, str) else v for k, v in extra.items()},
     }
-    return LLMUnavailable(f"{_where(endpoint)}: {what}", detail=detail)
+    return LLMUnavailable(redact(f"{_where(endpoint)}: {what}", secrets), detail=detail)
 
 
 def _api_url(endpoint: Endpoint, path: str) -> httpx.URL:
+    problem = endpoint_target(endpoint.base_url)
+    if isinstance(problem, str):
+        raise _unavailable(endpoint, f"invalid base URL: {problem}", "invalid_url")
     try:
-        url = httpx.URL(endpoint.base_url.rstrip("/") + "/" + path)
-    except (httpx.InvalidURL, TypeError, ValueError) as err:
+        return httpx.URL(endpoint.base_url.strip().rstrip("/") + "/" + path)
+    except Exception as err:
         raise _unavailable(endpoint, f"invalid base URL: {err}", "invalid_url") from err
-    if url.scheme not in ("http", "https") or not url.host:
-        raise _unavailable(
-            endpoint, "base URL must be http:// or https:// with a host", "invalid_url"
-        )
-    return url
 
 
-def _client(endpoint: Endpoint, timeout: Timeouts) -> httpx.Client:
+class _PinnedBackend(httpcore.SyncBackend):
+    """Connects only to the addresses a device verdict was decided on, never by resolving again.
+
+    The URL's host still goes in the Host header and in TLS's SNI (httpcore takes both from the
+    URL, not from the socket), so a server behind a name answers as it would by that name.
+    """
+
+    def __init__(self, placement: Placement) -> None:
+        self._placement = placement
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None,
+                    local_address: str | None = None,
+                    socket_options: Iterable[Any] | None = None) -> httpcore.NetworkStream:
+        where = self._placement
+        if (host, port) != (where.host, where.port):
+            raise httpcore.ConnectError(f"refused: {host}:{port} is not the endpoint that was checked")
+        last: Exception = httpcore.ConnectError(f"refused: {host} has no checked address")
+        for address in where.addresses:
+            if not is_loopback_address(address):
+                raise httpcore.ConnectError(f"refused: {address} is not a loopback address")
+            try:
+                return super().connect_tcp(address, port, timeout, local_address, socket_options)
+            except httpcore.ConnectError as err:
+                last = err
+        raise last
+
+
+def _client(endpoint: Endpoint, timeout: Timeouts, placement: Placement) -> httpx.Client:
     # A proxy from HTTP_PROXY/ALL_PROXY would carry an on-device prompt off the machine, so
-    # loopback endpoints ignore the environment; cloud ones honour it (corporate proxies).
+    # on-device endpoints ignore the environment and connect only to the checked loopback
+    # addresses; cloud ones honour it (corporate proxies).
     # Redirects are never followed: a 3xx could lead a loopback request anywhere.
-    return httpx.Client(
-        timeout=timeout.to_httpx(),
-        trust_env=endpoint_location(endpoint) == "cloud",
-        follow_redirects=False,
-    )
+    if placement.on_device:
+        transport = httpx.HTTPTransport(trust_env=False)
+        # The same pool httpx builds, with the one difference that matters here.
+        transport._pool = httpcore.ConnectionPool(
+            ssl_context=httpx.create_ssl_context(trust_env=False),
+            network_backend=_PinnedBackend(placement))
+        return httpx.Client(timeout=timeout.to_httpx(), trust_env=False, follow_redirects=False,
+                            transport=transport)
+    return httpx.Client(timeout=timeout.to_httpx(), trust_env=True, follow_redirects=False)
 
 
 def _headers(endpoint: Endpoint) -> dict[str, str]:
@@ -584,6 +682,7 @@ def stream_chat_events(
     cancel: threading.Event | None = None,
     max_tokens: int | None = None,
     temperature: float | None = 0.2,
+    placement: Placement | None = None,
 ) -> Iterator[str | ToolCall]:
     """Like ``stream_chat`` with ``tools`` offered: text deltas as they come, then each ``ToolCall``.
 
@@ -598,7 +697,7 @@ def stream_chat_events(
         temperature=temperature,
         tools=tools,
     )
-    return _stream_chat(endpoint, body, timeout, cancel, with_tools=True)
+    return _stream_chat(endpoint, body, timeout, cancel, placement, with_tools=True)
 
 
 def stream_chat(
@@ -609,8 +708,13 @@ def stream_chat(
     cancel: threading.Event | None = None,
     max_tokens: int | None = None,
     temperature: float | None = 0.2,
+    placement: Placement | None = None,
 ) -> Iterator[str]:
     """Stream a chat completion, yielding the answer's text deltas as they arrive.
+
+    ``placement`` is where the caller's privacy gate decided the endpoint runs (the prompt was
+    built for it); without one it is decided now. An on-device placement is connected only to
+    the loopback addresses it was decided on.
 
     Raises (while iterating) ``LLMUnavailable`` naming the endpoint when it cannot be reached,
     times out, answers HTTP 4xx/5xx, sends malformed JSON, or ends before ``[DONE]`` (or a
@@ -620,7 +724,7 @@ def stream_chat(
     body = _chat_body(
         endpoint, messages, stream=True, max_tokens=max_tokens, temperature=temperature
     )
-    return _stream_chat(endpoint, body, timeout, cancel)
+    return _stream_chat(endpoint, body, timeout, cancel, placement)
 
 
 def _stream_chat(
@@ -628,17 +732,19 @@ def _stream_chat(
     body: dict[str, Any],
     timeout: Timeouts,
     cancel: threading.Event | None,
+    placement: Placement | None,
     *,
     with_tools: bool = False,
 ) -> Iterator[Any]:
     if cancel is not None and cancel.is_set():
         raise _cancelled(endpoint)
     url = _api_url(endpoint, "chat/completions")
+    placement = placement if placement is not None else locate(endpoint)
     watch = _CancelWatch(cancel) if cancel is not None else None
     extensions = {"trace": watch.trace} if watch is not None else {}
     try:
         with contextlib.ExitStack() as stack:
-            client = stack.enter_context(_client(endpoint, timeout))
+            client = stack.enter_context(_client(endpoint, timeout, placement))
             if watch is not None:
                 # Entered after the client so that it exits first: the watcher lets go of the
                 # socket before the connection is closed.
@@ -747,6 +853,7 @@ def complete(
     cancel: threading.Event | None = None,
     max_tokens: int | None = None,
     temperature: float | None = 0.2,
+    placement: Placement | None = None,
 ) -> str:
     """The whole answer as one string (built on ``stream_chat``, so it fails the same ways)."""
     return "".join(
@@ -757,6 +864,7 @@ def complete(
             cancel=cancel,
             max_tokens=max_tokens,
             temperature=temperature,
+            placement=placement,
         )
     )
 
@@ -766,7 +874,7 @@ def list_models(endpoint: Endpoint, *, timeout: Timeouts = DEFAULT_TIMEOUTS) -> 
     url = _api_url(endpoint, "models")
     try:
         with (
-            _client(endpoint, timeout) as client,
+            _client(endpoint, timeout, locate(endpoint)) as client,
             client.stream("GET", url, headers=_headers(endpoint)) as response,
         ):
             _check_status(endpoint, response)

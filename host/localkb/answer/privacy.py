@@ -1,26 +1,36 @@
 """The one decision of which knowledge bases may reach a model.
 
 A knowledge base is ``device`` (the default: its text never leaves this machine) or ``cloud``.
-A model endpoint is on-device only when its URL's host is loopback (127.0.0.0/8, ::1,
-``localhost``) and the user has not marked it as forwarding to a cloud; anything else,
-anything unparsable or unknown, and ``"auto"`` count as cloud. No endpoint at all
-(extractive answers) is on-device. Every path that builds a prompt calls
+Where a model endpoint runs is decided by address, never by name: ``locate`` parses the URL the
+way the HTTP client does, resolves its host when a request is made, and says ``"device"`` only
+when every address it resolves to is loopback (127.0.0.0/8, ::1, ::ffff:127.0.0.0/104) and the
+user has not marked the endpoint as forwarding to a cloud. An address elsewhere makes it
+``"cloud"``; a URL it cannot parse, a host that does not resolve (within ``RESOLVE_TIMEOUT_S``)
+or ``"auto"`` leaves it undecided (``None``), and undecided is treated as cloud. The decision is
+total: no input makes it raise. The HTTP client (``llm.py``) connects a device verdict only to
+the addresses that were checked (see ``Placement``), so a name that resolves elsewhere later
+(DNS rebinding) never receives what was gated for this machine.
+
+No endpoint at all (extractive answers) is on-device. Every path that builds a prompt calls
 ``allowed_knowledge_bases`` and sends only what it allows.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import socket
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
-from urllib.parse import urlsplit
 
 import httpx
 
 from localkb.errors import PrivacyBlocked
 
 Location = Literal["device", "cloud"]
+#: How long a name may take to resolve before the location counts as undecided.
+RESOLVE_TIMEOUT_S = 3.0
 
 
 class EndpointRef(Protocol):
@@ -65,88 +75,150 @@ class GateResult:
     skipped: list[Skipped] = field(default_factory=list)
 
 
-def _is_loopback_host(host: str) -> bool:
-    host = host.lower()
-    if host == "localhost":
-        return True
+@dataclass(frozen=True)
+class Placement:
+    """Where an endpoint runs, decided once: the verdict and the addresses it was decided on.
+
+    ``host`` and ``port`` are what the HTTP client connects to (the URL's host as the client
+    encodes it); ``addresses`` every address that host resolved to. A ``"device"`` placement
+    may be connected only to those addresses, each of them loopback.
+    """
+
+    location: Location | None
+    host: str | None = None
+    port: int | None = None
+    addresses: tuple[str, ...] = ()
+    reason: str = ""
+
+    @property
+    def on_device(self) -> bool:
+        return self.location == "device"
+
+
+def is_loopback_address(address: str) -> bool:
+    """Whether an IP address (as ``getaddrinfo`` gives it) is this machine's loopback."""
     try:
-        address = ipaddress.ip_address(host)
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
     except ValueError:
-        # A name other than localhost could resolve anywhere; only literal addresses count.
         return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         # ::ffff:127.0.0.1 is loopback, but Python 3.11's is_loopback says no.
-        return address.ipv4_mapped.is_loopback
-    return address.is_loopback
+        return ip.ipv4_mapped.is_loopback
+    return ip.is_loopback
 
 
-def _loopback_by_httpx(url: str) -> bool:
-    try:
-        parsed = httpx.URL(url)
-    except (httpx.InvalidURL, TypeError, ValueError):
-        return False
-    return (
-        parsed.scheme in ("http", "https") and bool(parsed.host) and _is_loopback_host(parsed.host)
-    )
-
-
-def _loopback_by_urllib(url: str) -> bool:
-    try:
-        parsed = urlsplit(url)
-        _ = parsed.port  # raises on a malformed port, which we count as unparsable
-    except ValueError:
-        return False
-    host = parsed.hostname
-    return parsed.scheme.lower() in ("http", "https") and bool(host) and _is_loopback_host(host)
-
-
-def endpoint_location(endpoint: EndpointRef | None) -> Location:
-    """``"device"`` when the endpoint is on this machine (or there is none), else ``"cloud"``."""
-    if endpoint is None:
-        return "device"
-    if endpoint.mark_cloud:
-        return "cloud"
-    url = endpoint.base_url
+def endpoint_target(url: object) -> tuple[str, int] | str:
+    """(host, port) the HTTP client would connect to, or why there is none."""
     if not isinstance(url, str) or not url.strip():
-        return "cloud"
-    url = url.strip()
-    # The client connects where httpx says; urllib is asked too so that a URL the two read
-    # differently (userinfo tricks, odd brackets) is never taken for loopback.
-    if _loopback_by_httpx(url) and _loopback_by_urllib(url):
-        return "device"
-    return "cloud"
+        return "no base URL"
+    try:
+        parsed = httpx.URL(url.strip())
+        scheme = parsed.scheme
+        host = parsed.raw_host.decode("ascii")
+        _ = parsed.host  # decoding the IDNA form can fail where the raw form did not
+        port = parsed.port or (443 if scheme == "https" else 80)
+    except Exception:
+        return "the URL cannot be parsed"
+    if scheme not in ("http", "https"):
+        return "the URL is not http:// or https://"
+    if not host:
+        return "the URL has no host"
+    if not 0 < port < 65536:
+        return "the URL's port is out of range"
+    return host, port
+
+
+def _resolve(host: str, port: int, timeout: float) -> tuple[str, ...] | None:
+    """Every address ``host`` resolves to, or None when it does not (in time)."""
+    literal = host[1:-1] if host.startswith("[") else host
+    try:
+        return (str(ipaddress.ip_address(literal)),)
+    except ValueError:
+        pass
+    answer: list = []
+
+    def lookup() -> None:
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            answer.append(tuple(dict.fromkeys(str(i[4][0]) for i in infos)))
+        except (OSError, UnicodeError, ValueError):
+            answer.append(None)
+
+    # getaddrinfo has no timeout of its own; a dead DNS server must not hold a chat turn.
+    thread = threading.Thread(target=lookup, name="localkb-resolve", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return answer[0] if answer and answer[0] else None
+
+
+def locate(endpoint: EndpointRef | None, *, timeout: float = RESOLVE_TIMEOUT_S) -> Placement:
+    """Where ``endpoint`` runs, decided now by the addresses its host resolves to (total)."""
+    if endpoint is None:
+        return Placement("device", reason="no model: answers are quoted passages")
+    try:
+        if endpoint.mark_cloud:
+            return Placement("cloud", reason="marked as forwarding to a cloud model")
+        target = endpoint_target(endpoint.base_url)
+        if isinstance(target, str):
+            return Placement(None, reason=target)
+        host, port = target
+        addresses = _resolve(host, port, timeout)
+        if addresses is None:
+            return Placement(None, host, port, reason=f"{host} does not resolve")
+        off = [a for a in addresses if not is_loopback_address(a)]
+        if off:
+            return Placement("cloud", host, port, addresses, f"{host} resolves to {off[0]}")
+        return Placement("device", host, port, addresses, f"{host} resolves to loopback only")
+    except Exception as err:
+        return Placement(None, reason=f"undecidable: {type(err).__name__}")
+
+
+def endpoint_location(endpoint: EndpointRef | None) -> Location | None:
+    """``"device"``, ``"cloud"``, or ``None`` when it cannot be decided (treated as cloud)."""
+    return locate(endpoint).location
+
+
+def _where(endpoint: EndpointRef, placement: Placement) -> str:
+    if placement.location == "cloud":
+        return f"{endpoint.name} is a cloud model"
+    return f"where {endpoint.name} runs is unknown (treated as cloud)"
 
 
 def allowed_knowledge_bases(
-    endpoint: EndpointRef | None, kbs: Sequence[KBRef], *, strict: bool = False
+    endpoint: EndpointRef | None,
+    kbs: Sequence[KBRef],
+    *,
+    strict: bool = False,
+    placement: Placement | None = None,
 ) -> GateResult:
     """Split ``kbs`` into those that may reach ``endpoint`` and those skipped, with reasons.
 
-    A ``device`` knowledge base never reaches a cloud endpoint; a knowledge base whose privacy
-    is anything but ``"cloud"`` is treated as ``device``. With ``strict`` a device knowledge
-    base facing a cloud endpoint raises ``PrivacyBlocked`` instead of being skipped.
+    A ``device`` knowledge base reaches only an on-device endpoint; a knowledge base whose
+    privacy is anything but ``"cloud"`` is treated as ``device``. ``placement`` is the decision
+    already made for this request (``locate`` is asked when it is not given). With ``strict`` a
+    device knowledge base facing a cloud endpoint raises ``PrivacyBlocked`` instead of being
+    skipped.
     """
-    location = endpoint_location(endpoint)
+    placement = placement if placement is not None else locate(endpoint)
     result = GateResult()
     blocked: list[KBRef] = []
     for kb in kbs:
-        if location == "device" or kb.privacy == "cloud":
+        if placement.on_device or kb.privacy == "cloud":
             result.allowed.append(kb)
             continue
         assert endpoint is not None  # a None endpoint is on-device
         blocked.append(kb)
-        result.skipped.append(
-            Skipped(kb=kb, reason=f"device only, {endpoint.name} is a cloud model")
-        )
+        result.skipped.append(Skipped(kb=kb, reason=f"device only, {_where(endpoint, placement)}"))
     if strict and blocked:
         assert endpoint is not None
         names = ", ".join(repr(kb.name) for kb in blocked)
         raise PrivacyBlocked(
             f"knowledge base{'s' if len(blocked) > 1 else ''} {names} "
-            f"{'are' if len(blocked) > 1 else 'is'} device only and {endpoint.name} "
-            "is a cloud model",
+            f"{'are' if len(blocked) > 1 else 'is'} device only and "
+            f"{_where(endpoint, placement)}",
             detail={
                 "endpoint": endpoint.name,
+                "location": placement.location,
                 "knowledge_bases": [
                     {"id": kb.id if isinstance(kb.id, (int, str)) else str(kb.id), "name": kb.name}
                     for kb in blocked

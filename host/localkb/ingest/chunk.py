@@ -1,7 +1,9 @@
 """Token-aware chunking: at most N model tokens per passage (Settings: 96), title prefix included.
 
 Splits at headings, then paragraphs, then sentences, then words; packs the
-pieces greedily with a small overlap; never lets a chunk span two PDF pages.
+pieces greedily with a small overlap; never lets a chunk span two PDF pages. A
+heading or a definition term (a line followed by a ``: description`` line) never
+ends a passage: it starts the next one with what it introduces.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 from localkb.ingest.extract import Document
 
@@ -18,6 +21,8 @@ _HEADING = re.compile(r"^#{1,6}\s")
 _PARAGRAPHS = re.compile(r"\n\s*\n")
 _SENTENCE = re.compile(r"(?<=[.!?;:])\s+(?=[\"'(\[]?[A-Z0-9À-Ý])|\n")
 TITLE_PREFIX_CHARS = 120
+#: How a definition's description line starts (the Markdown-extra / pandoc convention).
+DEFINITION = ": "
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,12 @@ class _Piece:
     text: str
     tokens: int
     heading: bool = False
+    term: bool = False  # a definition term: the line before a ": description" line
+
+    @property
+    def leads(self) -> bool:
+        """Headings and definition terms introduce what follows: they never end a passage."""
+        return self.heading or self.term
 
 
 def _blocks(text: str) -> list[tuple[str, bool]]:
@@ -103,34 +114,46 @@ def _pieces(text: str, budget: int, count: TokenCounter) -> list[_Piece]:
             pieces.append(_Piece(block, size, heading))
         else:
             pieces.extend(_split_long(block, budget, count))
+    # A definition list ("term" then ": description", as extract.py writes HTML dl/dt/dd and
+    # Sphinx signatures): the term goes with its description.
+    for piece, nxt in pairwise(pieces):
+        if nxt.text.startswith(DEFINITION) and not piece.text.startswith(DEFINITION):
+            piece.term = True
     return pieces
 
 
 def _pack(pieces: list[_Piece], budget: int, overlap: int) -> list[tuple[str, int]]:
     chunks: list[tuple[str, int]] = []
     cur: list[_Piece] = []
-    cur_tokens = 0
 
-    def flush() -> None:
-        if cur and any(not p.heading for p in cur):
-            chunks.append(("\n".join(p.text for p in cur), cur_tokens))
+    def size(ps: list[_Piece]) -> int:
+        # +1 for the newline joining pieces, which the tokenizer may count as nothing or one token.
+        return sum(p.tokens + 1 for p in ps)
+
+    def flush(ps: list[_Piece]) -> None:
+        if ps and any(not p.heading for p in ps):
+            chunks.append(("\n".join(p.text for p in ps), size(ps)))
 
     for piece in pieces:
-        # +1 for the newline joining pieces, which the tokenizer may count as nothing or one token.
-        fits = cur_tokens + piece.tokens + 1 <= budget
-        starts_section = piece.heading and cur_tokens > budget // 3
+        fits = size(cur) + piece.tokens + 1 <= budget
+        starts_section = piece.leads and size(cur) > budget // 3
         if cur and (not fits or starts_section):
-            flush()
-            tail = cur[-1]
-            if not starts_section and not tail.heading and tail.tokens <= overlap and (
-                tail.tokens + piece.tokens + 1 <= budget
-            ):
-                cur, cur_tokens = [tail], tail.tokens + 1
+            # A heading or definition term at the end moves on with what it introduces.
+            carry: list[_Piece] = []
+            while (cur and cur[-1].leads
+                   and size(carry) + cur[-1].tokens + 1 + piece.tokens + 1 <= budget):
+                carry.insert(0, cur.pop())
+            flush(cur)
+            tail = cur[-1] if cur else None
+            if carry:
+                cur = carry
+            elif (tail is not None and not starts_section and not tail.leads
+                  and tail.tokens <= overlap and tail.tokens + piece.tokens + 1 <= budget):
+                cur = [tail]
             else:
-                cur, cur_tokens = [], 0
+                cur = []
         cur.append(piece)
-        cur_tokens += piece.tokens + 1
-    flush()
+    flush(cur)
     return chunks
 
 

@@ -62,6 +62,16 @@ _MD_ESCAPE = re.compile(r"\\([\\`*_{}\[\]()#+\-.!|~>])")
 _TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
 _SPACES = re.compile(r"[ \t\u00a0]+")
 _BLANKS = re.compile(r"\n{3,}")
+#: Words that mark definition terms and descriptions through trafilatura (which keeps
+#: words but drops private-use characters); replaced right after it.
+_TERM_MARK, _DESC_MARK = "lkbdefterm", "lkbdefdesc"
+_MARKED = re.compile(rf"^\s*(?:[-*+]\s+)?({_TERM_MARK}|{_DESC_MARK})\s?(.*)$")
+_PERMALINK_MARKS = {"", "¶", "#", "§", "🔗", "⚓"}
+_PERMALINK_WORDS = re.compile(r"permalink|permanent link|link to this|anchor|headerlink|id_link",
+                              re.IGNORECASE)
+#: A permalink mark left at the end of a title or heading (``Coroutines and Tasks¶``).
+_TRAILING_MARK = re.compile(r"[ \t]*[¶§🔗]+[ \t]*$", re.MULTILINE)
+_XML_DECLARATION = re.compile(r"^\s*<\?xml[^>]*\?>")
 
 
 def _tidy(text: str) -> str:
@@ -96,6 +106,7 @@ def extract_html(html: str | bytes, *, url: str | None = None, title: str | None
         html = decode_text(html)
     if not html.strip():
         raise InvalidDocument("the page is empty")
+    html = _prepare_html(html)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -114,18 +125,93 @@ def extract_html(html: str | bytes, *, url: str | None = None, title: str | None
     text = _MD_ESCAPE.sub(r"\1", text or "")
     if len(text.strip()) < 20:
         text = _full_text(html) or text
-    text = _tidy(text)
+    text = _tidy(_definitions(text))
     if not text:
         raise InvalidDocument("no text could be extracted from the page")
     page_title = title or (meta.title if meta and meta.title else None) or _html_title(html)
     lang = meta.language if meta and getattr(meta, "language", None) else None
     return Document(
-        title=_tidy(page_title or url or "Untitled page")[:300],
+        title=clean_title(page_title or url or "Untitled page")[:300],
         type="html",
         sections=[Section(text)],
         url=url,
         lang=lang,
     )
+
+
+def clean_title(title: str) -> str:
+    """A title without the permalink mark doc generators append (``¶``, ``§``, a lone ``#``)."""
+    title = _TRAILING_MARK.sub("", _tidy(title))
+    return re.sub(r"\s+#$", "", title).strip() or title
+
+
+def _is_permalink(a) -> bool:
+    """An in-page anchor that only shows a mark (Sphinx ``¶``, PostgreSQL ``#``, GitHub's icon)."""
+    href = a.get("href") or ""
+    if not href.startswith("#"):
+        return False
+    text = (a.text_content() or "").strip()
+    if text in _PERMALINK_MARKS:
+        return True
+    hints = " ".join(a.get(k) or "" for k in ("class", "title", "aria-label"))
+    return len(text) <= 2 and bool(_PERMALINK_WORDS.search(hints))
+
+
+def _qualify_signature(dt) -> None:
+    """Sphinx shows a method as ``done()`` under ``class asyncio.Task``; its id is the full name.
+
+    The signature is written with that full name (``asyncio.Task.done()``), so the name a
+    reader types is in the passage that defines it.
+    """
+    full = dt.get("id") or ""
+    names = dt.xpath(".//*[contains(concat(' ', normalize-space(@class), ' '), ' descname ')]")
+    if not names or "." not in full:
+        return
+    shown = names[0].text_content().strip()
+    if not shown or not full.endswith("." + shown):
+        return
+    for pre in dt.xpath(".//*[contains(concat(' ', normalize-space(@class), ' '), ' descclassname ')]"):
+        pre.drop_tree()
+    target = names[0]
+    while len(target) and not (target.text or "").strip():
+        target = target[0]
+    target.text = full[: -len(shown)] + (target.text or "")
+
+
+def _prepare_html(html: str) -> str:
+    """The page made ready for trafilatura: permalink marks dropped, Sphinx signatures named in
+    full, definition terms and descriptions marked (``_definitions`` writes them back)."""
+    import lxml.html
+
+    try:
+        tree = lxml.html.fromstring(_XML_DECLARATION.sub("", html, count=1))
+    except Exception:
+        return html
+    for a in tree.xpath("//a[@href]"):
+        if _is_permalink(a):
+            a.drop_tree()  # keeps its tail text
+    for dt in tree.xpath("//dt[@id]"):
+        _qualify_signature(dt)
+    for el, mark in [(dt, _TERM_MARK) for dt in tree.xpath("//dt")] + [
+            (dd, _DESC_MARK) for dd in tree.xpath("//dd")]:
+        el.text = f"{mark} {el.text or ''}"
+    return lxml.html.tostring(tree, encoding="unicode")
+
+
+def _definitions(text: str) -> str:
+    """Definition lists as "term" lines, then ": description" lines (the chunker keeps them together)."""
+    lines = []
+    for line in text.split("\n"):
+        m = _MARKED.match(line)
+        if m is None:
+            lines.append(line.replace(_TERM_MARK, "").replace(_DESC_MARK, ""))
+            continue
+        body = _TRAILING_MARK.sub("", m.group(2).replace(_TERM_MARK, "").replace(_DESC_MARK, "")).strip()
+        if m.group(1) == _DESC_MARK:
+            lines.append(f": {body}" if body else "")
+        elif body:
+            lines.append(body)
+    return _TRAILING_MARK.sub("", "\n".join(lines))
 
 
 def _html_title(html: str) -> str | None:

@@ -1017,19 +1017,7 @@ def _count(kb: KnowledgeBase, s: _Source) -> SourceReport:
                 reason = s.failures.get(idx, "the passage is not in the catalogue after the write")
                 rep.failures.append({"chunk_index": idx, "reason": reason})
     rep.removed = sum(1 for idx in s.before if idx >= n or idx in s.failures)
-    if rep.failed == rep.total:
-        rep.status = "failed"
-        reasons = sorted({f["reason"] for f in rep.failures})
-        rep.error = {"code": NothingWritten.code,
-                     "message": f"none of its {rep.total} passages could be saved "
-                                f"({'; '.join(reasons)[:400]})"}
-        rep.removed = 0
-    elif rep.failed:
-        rep.status = "partial"
-    elif not s.before:
-        rep.status = "added"
-    else:
-        rep.status = "updated" if (rep.added or rep.updated or rep.removed) else "unchanged"
+    settle_status(rep, new=not s.before)
     if rep.failed:
         kb.catalog.log_error("ingest", "nothing_written" if rep.status == "failed" else "partial_write",
                              f"{s.name}: {rep.summary}", kb_id=kb.id, ref=s.sid,
@@ -1037,11 +1025,34 @@ def _count(kb: KnowledgeBase, s: _Source) -> SourceReport:
     return rep
 
 
+def settle_status(rep: SourceReport, *, new: bool) -> None:
+    """A source report's status from its row counts: failed, partial, added, updated or unchanged.
+
+    Both writers use it (this pipeline and ``ingest.seam``'s over any store).
+    """
+    if rep.failed == rep.total:
+        rep.status = "failed"
+        reasons = sorted({f["reason"] for f in rep.failures})
+        rep.error = {"code": NothingWritten.code,
+                     "message": f"none of its {rep.total} passages could be saved "
+                                f"({'; '.join(reasons)[:400]})"}
+        rep.removed = 0  # nothing of it was written, so nothing was removed either
+    elif rep.failed:
+        rep.status = "partial"
+    elif new:
+        rep.status = "added"
+    else:
+        rep.status = "updated" if (rep.added or rep.updated or rep.removed) else "unchanged"
+
+
 # == running a job ===========================================================================
 def _run(kb: KnowledgeBase, items: list[_Item], *, progress: Progress | None,
          check_cancelled: CancelCheck | None, batch_tokens: int = BATCH_TOKENS,
          max_bytes: int | None = None, report: IngestReport | None = None) -> IngestReport:
     """Run the reader and the writer over ``items``; an interrupt returns what was kept."""
+    # Catch the derived indexes up first: a kill between an earlier commit and its index save
+    # is repaired by the next add, even one that finds every source unchanged.
+    kb.indexes()
     job = _Job(kb, progress=progress, check_cancelled=check_cancelled, batch_tokens=batch_tokens,
                max_bytes=kb.store.settings.max_source_bytes if max_bytes is None else max_bytes)
     if report is not None:
@@ -1230,6 +1241,27 @@ def canonical_key(url: str) -> str:
     return url.split("#", 1)[0]
 
 
+def trusted_canonical(page_url: str | None, canonical: str | None) -> str | None:
+    """``canonical`` when a page may name it as its own address, else ``None``.
+
+    A page's ``<link rel="canonical">`` is the page's claim; any page can claim any URL. It is
+    believed only for an http(s) URL of the page's own origin (scheme, host and port), so no
+    page can become another site's source key, overwrite its saved page, or borrow its citations.
+    """
+    from urllib.parse import urlsplit
+
+    if not page_url or not canonical:
+        return None
+    try:
+        page, claim = urlsplit(page_url), urlsplit(canonical)
+        same = (claim.scheme.lower() in ("http", "https") and bool(claim.hostname)
+                and (page.scheme.lower(), page.hostname, page.port)
+                == (claim.scheme.lower(), claim.hostname, claim.port))
+    except ValueError:
+        return None
+    return canonical if same else None
+
+
 def capture_document(kb, *, url: str | None, title: str | None = None, html: str | None = None,
                      text: str | None = None, pdf: bytes | None = None, canonical_url: str | None = None,
                      lang: str | None = None, progress: Progress | None = None) -> tuple[Document, str]:
@@ -1244,7 +1276,7 @@ def capture_document(kb, *, url: str | None, title: str | None = None, html: str
     size = len(pdf) if pdf is not None else len((html if html is not None else text or "").encode())
     if cap and size > cap:
         raise SourceTooLarge(too_large_reason(size, cap), detail={"bytes": size, "cap": cap})
-    page_url = canonical_url or url
+    page_url = trusted_canonical(url, canonical_url) or url
     if progress is not None:  # extraction runs before the job starts: say so in the job's terms
         early = JobProgress(progress)
         early.add_sources(1)

@@ -26,7 +26,14 @@ from localkb.errors import (
 )
 from localkb.ingest.chunk import Chunk, chunk_document, passage_text
 from localkb.ingest.extract import Document
-from localkb.ingest.pipeline import CAPTURED_BY, SourceReport, _text_hash, capture_document, content_hash
+from localkb.ingest.pipeline import (
+    CAPTURED_BY,
+    SourceReport,
+    _text_hash,
+    capture_document,
+    content_hash,
+    settle_status,
+)
 from localkb.store.base import ChunkWrite, KnowledgeBaseHandle, SourceWrite
 from localkb.store.catalog import chunk_id, source_id
 
@@ -162,18 +169,7 @@ def _report(kb: KnowledgeBase, p: _Prepared) -> SourceReport:
         else:
             rep.updated += 1
     rep.removed = sum(1 for cid in p.before if cid not in after)
-    if rep.failed == rep.total:
-        rep.status = "failed"
-        reasons = sorted({f["reason"] for f in rep.failures})
-        rep.error = {"code": NothingWritten.code,
-                     "message": f"none of its {rep.total} passages could be saved "
-                                f"({'; '.join(reasons)[:400]})"}
-    elif rep.failed:
-        rep.status = "partial"
-    elif not p.before:
-        rep.status = "added"
-    else:
-        rep.status = "updated" if (rep.added or rep.updated or rep.removed) else "unchanged"
+    settle_status(rep, new=not p.before)
     if rep.failed:
         kb.log_error("ingest", "nothing_written" if rep.status == "failed" else "partial_write",
                      f"{p.name}: {rep.summary}", ref=p.sid, detail={"failures": rep.failures[:50]})

@@ -285,8 +285,10 @@ def h_search(data: dict, ctx) -> dict:
     from localkb.retrieval.search import Searcher
 
     cutoff = data.get("cutoff")
-    if cutoff is not None and (isinstance(cutoff, bool) or not isinstance(cutoff, int | float)):
-        raise InvalidInput("'cutoff' must be a number", detail={"field": "cutoff"})
+    if cutoff is not None and (isinstance(cutoff, bool) or not isinstance(cutoff, int | float)
+                               or not -1.0 <= cutoff <= 1.0):
+        raise InvalidInput("'cutoff' must be a number from -1 to 1 (a cosine)",
+                           detail={"field": "cutoff"})
     res = Searcher(get_library()).search(
         req_kbs(data), req_str(data, "query", max_len=4000), k=req_int(data, "k", 8, lo=1, hi=100),
         mode=req_str(data, "mode", required=False) or "hybrid", cutoff=cutoff,
@@ -333,27 +335,25 @@ def h_config_check(data: dict, ctx) -> dict:
 
 
 def h_config_set(data: dict, ctx) -> dict:
-    """Replace the endpoint list; an endpoint without ``api_key`` keeps its stored key."""
-    from localkb.answer.llm import Endpoint, LLMConfig, load_config, save_config
+    """Replace the endpoint list; an endpoint without ``api_key`` keeps its stored key only while
+    its base URL is unchanged (``notes`` says when a key was dropped)."""
+    from localkb.answer.llm import LLMConfig, load_config, merge_endpoint, save_config
 
     root = get_store().root
     old = load_config(root)
     endpoints = data.get("endpoints", [])
     if not isinstance(endpoints, list) or len(endpoints) > 50:
         raise InvalidInput("'endpoints' must be a list", detail={"field": "endpoints"})
-    parsed = []
+    parsed, notes = [], []
     for given in endpoints:
-        if not isinstance(given, dict):
-            raise InvalidInput("each endpoint must be an object", detail={"field": "endpoints"})
-        raw = dict(given)
-        if "api_key" not in raw:
-            prev = next((e for e in old.endpoints if e.name == raw.get("name")), None)
-            raw["api_key"] = prev.api_key if prev else None
-        parsed.append(Endpoint.from_dict(raw))
+        endpoint, note = merge_endpoint(old, given)
+        parsed.append(endpoint)
+        if note:
+            notes.append(note)
     default = req_str(data, "default_endpoint", required=False, max_len=100)
     cfg = LLMConfig(endpoints=tuple(parsed), default_endpoint=default)
     save_config(root, cfg)
-    return cfg.public_dict()
+    return {**cfg.public_dict(), "notes": notes}
 
 
 # -- chat --------------------------------------------------------------------------
@@ -422,7 +422,7 @@ def h_chat(data: dict, ctx) -> dict:
     cache, confirmations = _chat_shared()
     timeout = store.settings.confirm_timeout_s
 
-    def confirm(request: dict) -> bool:
+    def confirm(request: dict) -> bool | None:
         # Registered before the event goes out, so an instant chat.confirm is never lost.
         confirmations.open(ctx.id, request["call_id"])
         ctx.emit("confirm", {**request, "expires_in_s": timeout})

@@ -34,13 +34,24 @@ from typing import Any, BinaryIO
 
 from localkb import PROTOCOL_VERSION, __version__
 from localkb.config import Settings
-from localkb.errors import Cancelled, LocalKBError, ProtocolError
+from localkb.errors import Cancelled, HostBusy, LocalKBError, ProtocolError
 from localkb.native import protocol
+from localkb.perms import private_dir, private_umask, tighten
+from localkb.redact import redact
+from localkb.strings import check_value
 
 EXIT_OK = 0
 EXIT_UNTRUSTED = 3
 
 DEFAULT_WORKERS = 4
+#: Requests accepted but not started yet, and what they hold once parsed (``Request.cost``:
+#: their text plus 64 bytes a value): past either, a new request is answered ``host_busy``
+#: at once (the reader never blocks: a ``cancel`` must always get through).
+MAX_QUEUED = 256
+MAX_QUEUED_BYTES = 256 * 1024 * 1024
+#: Requests whose frame is bigger than this (a page of many MiB, an upload part) run one at a
+#: time, so four workers never extract four 64 MiB pages at once.
+BIG_REQUEST = 8 * 1024 * 1024
 # How long a hang-up waits for requests already accepted; past this they are cancelled
 # (cooperatively) and the process may exit under them, as the workers are daemons.
 DEFAULT_DRAIN_SECONDS = 30.0
@@ -52,9 +63,11 @@ LOGGER_NAME = "localkb"
 class Context:
     """What a handler gets besides its data: its request id, events, and cancellation."""
 
-    def __init__(self, request_id: str | int, send: Callable[[list[bytes]], None]) -> None:
+    def __init__(self, request_id: str | int, send: Callable[[list[bytes]], None],
+                 size: int = 0) -> None:
         self.id = request_id
         self.cancelled = threading.Event()
+        self.size = size  # bytes of the request's frame
         self._send = send
 
     def emit(self, event: str, data: Mapping[str, Any]) -> None:
@@ -87,6 +100,9 @@ class _Session:
         self._log = log
         self._state = threading.Condition()
         self._inflight: dict[str | int, Context] = {}  # accepted, queued or running
+        self._queued = 0
+        self._queued_bytes = 0
+        self._big = threading.Semaphore(1)
         self._queue: queue.SimpleQueue[tuple[protocol.Request, Context] | None] = queue.SimpleQueue()
         self._threads = [
             # Daemons: a handler that ignores cancellation must not keep the process
@@ -118,20 +134,35 @@ class _Session:
 
     # -- dispatch --
 
-    def accept(self, request: protocol.Request) -> None:
+    def accept(self, request: protocol.Request, size: int = 0) -> None:
         if request.type == "cancel":
             self._cancel(request)
             return
         if request.type not in self._handlers:
             self.send_error(request.id, protocol.UNKNOWN_TYPE, f"unknown message type {request.type!r}")
             return
+        busy = None
         with self._state:
             if request.id in self._inflight:
                 duplicate = True
+            elif self._queued >= MAX_QUEUED or self._queued_bytes + size > MAX_QUEUED_BYTES:
+                duplicate = False
+                busy = (self._queued, self._queued_bytes)
             else:
                 duplicate = False
-                ctx = Context(request.id, self.send)
+                ctx = Context(request.id, self.send, size)
                 self._inflight[request.id] = ctx
+                self._queued += 1
+                self._queued_bytes += size
+        if busy is not None:
+            self._log.warning("busy: refused %s %r (%d queued, %d bytes)", request.type, request.id,
+                              *busy)
+            self.send_error(request.id, HostBusy.code,
+                            f"the host is busy: {busy[0]} requests ({busy[1]:,} bytes) are waiting; "
+                            "retry when some have finished",
+                            {"limit": "queue", "max_requests": MAX_QUEUED,
+                             "max_bytes": MAX_QUEUED_BYTES})
+            return
         if duplicate:
             # Two live requests with one id would make cancel and the replies ambiguous.
             self.send_error(
@@ -174,10 +205,23 @@ class _Session:
                     self._state.notify_all()
 
     def _run(self, request: protocol.Request, ctx: Context) -> None:
+        with self._state:
+            self._queued -= 1
+            self._queued_bytes -= ctx.size
+        if ctx.size > BIG_REQUEST:
+            with self._big:
+                self._handle(request, ctx)
+        else:
+            self._handle(request, ctx)
+
+    def _handle(self, request: protocol.Request, ctx: Context) -> None:
         handler = self._handlers[request.type]
         try:
             # Cancelled while still queued: never start it.
             ctx.check_cancelled()
+            # Every string and number of every message is checked here, once, so no handler
+            # meets a lone surrogate, a NUL or a NaN (in the worker: a 64 MiB page costs a scan).
+            check_value(request.data)
             result = handler(request.data, ctx)
             if not isinstance(result, dict):
                 raise TypeError(f"handler for {request.type!r} returned {type(result).__name__}, not dict")
@@ -252,7 +296,7 @@ def serve(
             break
         try:
             request = protocol.decode_request(body)
-            session.accept(request)
+            session.accept(request, request.cost)
         except protocol.RequestError as err:
             log.info("bad request (%d bytes): %s", len(body), err.reason)
             session.send_error(err.request_id, err.code, err.message, err.detail)
@@ -266,17 +310,24 @@ def serve(
     return code
 
 
+class _RedactingFormatter(logging.Formatter):
+    """Log lines (tracebacks included) with bearer tokens and ``sk-`` keys masked."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
+
+
 def setup_logging(data_dir: Path) -> logging.Logger:
     """Log to ``<data_dir>/logs/host.log`` (rotated) and to stderr; return the logger."""
     logger = logging.getLogger(LOGGER_NAME)
     logger.setLevel(logging.INFO)
-    fmt = logging.Formatter("%(asctime)s %(process)d %(threadName)s %(levelname)s %(message)s")
+    fmt = _RedactingFormatter("%(asctime)s %(process)d %(threadName)s %(levelname)s %(message)s")
     log_file = (Path(data_dir) / "logs" / "host.log").resolve()
     have = {getattr(h, "baseFilename", None) for h in logger.handlers}
     file_problem = None
     if str(log_file) not in have:
         try:
-            log_file.parent.mkdir(parents=True, exist_ok=True)
+            private_dir(log_file.parent)
             file_handler = logging.handlers.RotatingFileHandler(
                 log_file, maxBytes=2 * 1024 * 1024, backupCount=3, encoding="utf-8"
             )
@@ -327,8 +378,11 @@ def main(argv: Sequence[str] | None = None, *, handlers: Mapping[str, Handler] |
     frames_out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    log = setup_logging(Settings.from_env().data_dir)
+    private_umask()  # every file this process creates is the user's alone (0600 / 0700)
+    data_dir = Settings.from_env().data_dir
+    log = setup_logging(data_dir)
     log.info("started by %r", list(argv or []))
+    tighten(data_dir)
     table = handlers if handlers is not None else _default_handlers(log)
     try:
         return serve(sys.stdin.buffer, frames_out, table, log=log)

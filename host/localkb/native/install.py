@@ -37,6 +37,7 @@ import io
 import json
 import os
 import shlex
+import stat
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -46,6 +47,7 @@ from typing import Any
 
 from localkb.errors import InvalidInput, NotFound
 from localkb.native import protocol
+from localkb.perms import private_dir
 
 HOST_NAME = "com.localkb.host"
 MANIFEST_FILE = f"{HOST_NAME}.json"
@@ -230,11 +232,33 @@ def _resolve_browsers(
 # --- writing ---------------------------------------------------------------------
 
 
+def _safe_parent(path: Path) -> None:
+    """Create ``path``'s folder (and missing parents) 0755, and never leave it writable by others.
+
+    Whoever can write the folder holding the launcher or a manifest can swap it for a program
+    of their own that the browser then runs as this user, so the umask is not trusted: folders
+    are created with their mode stated, and group/other write is taken off the one holding the
+    file (it is the user's own).
+    """
+    missing = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
+    for p in reversed(missing):
+        p.mkdir(mode=0o755, exist_ok=True)
+        os.chmod(p, 0o755)  # noqa: S103 - browsers' config folders: readable, never writable by others
+    mode = stat.S_IMODE(path.parent.stat().st_mode)
+    if mode & 0o022:
+        os.chmod(path.parent, mode & ~0o022)
+
+
 def _write_atomic(path: Path, text: str, mode: int) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _safe_parent(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.chmod(tmp, mode)
+    tmp.unlink(missing_ok=True)
+    # O_EXCL and 0600 from the first instant: nobody else can open the file before its mode
+    # is set (a writable descriptor opened in that moment would outlive the chmod).
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        os.fchmod(fh.fileno(), mode)
     os.replace(tmp, path)
 
 
@@ -301,7 +325,9 @@ def install(
         localkb_home = Path(os.environ["LOCALKB_HOME"]).expanduser().absolute()
     launcher = launcher_path(home=home, platform=platform)
     manifests = [(b, host_manifest(b, launcher)) for b in chosen]  # fail before writing
-    _write_atomic(launcher, launcher_script(argv, localkb_home), 0o755)
+    # The launcher lives in the per-user data directory: 0700 like the rest of it.
+    private_dir(launcher.parent)
+    _write_atomic(launcher, launcher_script(argv, localkb_home), 0o700)
     results = []
     for browser, manifest in manifests:
         path = manifest_path(browser, home=home, platform=platform)

@@ -41,7 +41,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from localkb.errors import ProtocolError
@@ -77,7 +77,13 @@ REASONS = (
     "invalid_data",
     "duplicate_id",
     "invalid_parts",
+    "too_many_values",
 )
+#: Values (objects, lists, strings, numbers...) one request may hold. The largest real request
+#: (a chat with 50 history turns each naming its knowledge bases) holds a few thousand; a
+#: frame of 64 MiB of ``{},{},...`` holds 21 million, and parsed that would take the host to
+#: gigabytes. Big payloads are single strings, which count once however long they are.
+MAX_VALUES = 200_000
 
 _HEADER = struct.Struct("=I")  # native byte order, exactly 4 bytes
 
@@ -108,11 +114,16 @@ class RequestError(ProtocolError):
 
 @dataclass(frozen=True)
 class Request:
-    """One decoded request: ``id`` is a str or int, ``data`` always a dict."""
+    """One decoded request: ``id`` is a str or int, ``data`` always a dict.
+
+    ``cost``: an upper estimate of the bytes the parsed request holds (its text, plus 64 bytes
+    for each value it may hold), which the host's queue is bounded by.
+    """
 
     id: str | int
     type: str
     data: dict
+    cost: int = field(default=0, compare=False)
 
 
 # --- reading ---------------------------------------------------------------------
@@ -165,6 +176,31 @@ def _valid_id(value: Any) -> bool:
     return isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS
 
 
+def _check_values(body: bytes) -> int:
+    """Refuse a request holding more than ``MAX_VALUES`` values, before it is parsed into objects.
+
+    Each value after the first in a list or object follows a comma, and each container opens
+    with a bracket, so counting those bytes bounds the values from above; only a body over the
+    limit by that count (a page full of commas in its text, say) is walked with a streaming
+    parser that builds nothing and stops at the limit.
+    """
+    bound = body.count(b",") + body.count(b"{") + body.count(b"[")
+    if bound <= MAX_VALUES:
+        return bound
+    import ijson
+
+    n = 0
+    try:
+        for _event in ijson.basic_parse(body, use_float=True):
+            n += 1
+            if n > MAX_VALUES:
+                raise RequestError(f"request holds more than {MAX_VALUES:,} JSON values",
+                                   reason="too_many_values")
+    except (ijson.JSONError, UnicodeDecodeError):
+        pass  # json.loads will say what is wrong with it
+    return n
+
+
 def decode_request(body: bytes) -> Request:
     """Decode a frame body into a ``Request`` or raise ``RequestError`` with a stable reason."""
     try:
@@ -173,6 +209,7 @@ def decode_request(body: bytes) -> Request:
         raise RequestError(
             f"request is not valid UTF-8 (byte {err.start})", reason="invalid_utf8"
         ) from err
+    values = _check_values(body)
     try:
         obj = json.loads(text)
     except ValueError as err:  # JSONDecodeError, and int strings past Python's digit limit
@@ -205,7 +242,7 @@ def decode_request(body: bytes) -> Request:
         raise RequestError(
             "request data must be a JSON object", reason="invalid_data", request_id=request_id
         )
-    return Request(request_id, kind, data)
+    return Request(request_id, kind, data, cost=len(body) + 64 * values)
 
 
 # --- shapes ----------------------------------------------------------------------

@@ -1,8 +1,15 @@
-"""Retrieval evals on any folder in BEIR layout, through the real search path.
+r"""Retrieval evals on any folder in BEIR layout, through the real search path.
 
-``corpus.jsonl`` (``_id``, ``title``, ``text``), ``queries.jsonl`` (``_id``,
-``text``, optional ``kind``) and ``qrels/test.tsv``. The corpus is indexed into
-a throw-away store; each mode ranks documents by their best passage.
+``corpus.jsonl`` (``_id``, ``title``, ``text``; optional ``html``: the page itself, then
+indexed through the HTML extractor as a saved page would be), ``queries.jsonl`` (``_id``,
+``text``, optional ``kind``) and ``qrels/test.tsv``. The corpus is indexed into a
+throw-away store; each mode ranks documents by their best passage.
+
+Queries of ``kind: absent`` have no judgements: they name something no document holds,
+and the right answer is "no passage mentions it". For them the eval counts, per mode,
+how many were wrongly reported as passages above the floor (the product's own search,
+floor on). ``baseline="bm25"`` adds plain BM25 over whole pages (rank_bm25's Okapi,
+``\w+`` tokens, lower case) as the simplest competitor, scored on the same queries.
 
 Every nDCG@10 comes with a 95 % bootstrap interval over the queries, and each
 mode is compared with hybrid query by query (a paired bootstrap of the
@@ -14,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 import tempfile
 import time
@@ -24,7 +32,7 @@ from pathlib import Path
 
 from localkb.config import Settings
 from localkb.errors import InvalidInput
-from localkb.ingest.extract import Document, Section
+from localkb.ingest.extract import Document, Section, extract_html
 from localkb.ingest.pipeline import ingest_documents
 from localkb.retrieval.search import Reranker, Searcher
 from localkb.store.base import KnowledgeStore
@@ -33,6 +41,22 @@ from localkb.store.kb import Store
 CUTS = (1, 3, 5, 10)
 #: Bootstrap resamples for the intervals; the seed is fixed so a run prints the same interval twice.
 BOOTSTRAP_ROUNDS = 2000
+
+
+ABSENT = "absent"
+BASELINES = ("bm25",)
+
+
+def load_absent(path: Path) -> dict:
+    """The ``kind: absent`` queries of a BEIR folder (they have no judgements)."""
+    out = {}
+    with open(Path(path) / "queries.jsonl", encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                q = json.loads(line)
+                if q.get("kind") == ABSENT:
+                    out[str(q["_id"])] = q
+    return out
 
 
 def load_beir(path: Path, split: str = "test") -> tuple[dict, dict, dict]:
@@ -128,13 +152,21 @@ def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
 def run_eval(path: str | Path, *, modes: Sequence[str] = ("vector", "keyword", "hybrid"),
              model: str | None = None, k: int = 10, rerank_model: str | None = None,
              limit_queries: int | None = None, settings: Settings | None = None,
+             baseline: str | None = None, split: str = "test", index_dir: Path | None = None,
              progress=None, store: KnowledgeStore | None = None) -> dict:
     """Index the corpus into a temporary store and score every mode; returns a dict of figures.
 
+    ``index_dir`` keeps the store there instead: a later run on the same folder scores the
+    index already built (a bench on a large corpus pays for indexing once).
     ``store`` runs the same eval on another store of the seam (the team store on PostgreSQL:
     ``localkb eval PATH --store team``); it must not hold a knowledge base named ``eval``.
     """
-    corpus, queries, qrels = load_beir(Path(path))
+    if baseline is not None and baseline not in BASELINES:
+        raise InvalidInput(f"baseline must be one of {', '.join(BASELINES)}")
+    if store is not None and index_dir is not None:
+        raise InvalidInput("index_dir keeps a local index; it does not go with another store")
+    corpus, queries, qrels = load_beir(Path(path), split)
+    absent = load_absent(Path(path))
     if limit_queries:
         queries = dict(list(queries.items())[:limit_queries])
     reranker = Reranker(Path(rerank_model)) if rerank_model else None
@@ -142,31 +174,52 @@ def run_eval(path: str | Path, *, modes: Sequence[str] = ("vector", "keyword", "
     given = store
     with tempfile.TemporaryDirectory(prefix="localkb-eval-") as tmp:
         base = settings or Settings.from_env()
-        store = given or Store(replace(base, data_dir=Path(tmp)))
+        store = given or Store(replace(base, data_dir=Path(index_dir or tmp)))
         try:
-            store.create_kb("eval", model=model)
-            kb = store.open_kb("eval")
+            pages: dict[str, str] = {}  # each document's whole text, for the baseline
+            jobs = [(doc_id, _loader(doc_id, d, pages)) for doc_id, d in corpus.items()]
             t0 = time.perf_counter()
-            jobs = [(doc_id, _loader(doc_id, d)) for doc_id, d in corpus.items()]
-            if given is None:
-                reports = ingest_documents(kb, jobs, captured_by="api", progress=progress,
-                                           batch_tokens=262_144)
-            else:  # another store of the seam: its writer (ingest.seam), the same passages
-                from localkb.ingest.seam import ingest_documents as ingest_through_seam
+            if given is None and any(r.name == "eval" for r in store.kbs()):
+                # A kept index (index_dir): scored as it was built; only the baseline's page
+                # texts are extracted again.
+                kb = store.open_kb("eval")
+                sid_to_doc = {row[0]: row[1].removeprefix("doc:") for row in store.catalog.db.execute(
+                    "SELECT id, key FROM sources WHERE kb_id = ?", (kb.id,))}
+                failed = sorted(set(corpus) - set(sid_to_doc.values()))
+                if baseline:
+                    for _, load in jobs:
+                        load()
+            else:
+                store.create_kb("eval", model=model)
+                kb = store.open_kb("eval")
+                if given is None:
+                    reports = ingest_documents(kb, jobs, captured_by="api", progress=progress,
+                                               batch_tokens=262_144)
+                else:  # another store of the seam: its writer (ingest.seam), the same passages
+                    from localkb.ingest.seam import ingest_documents as ingest_through_seam
 
-                reports = ingest_through_seam(kb, jobs, captured_by="api", progress=progress,
-                                              batch_tokens=262_144)
+                    reports = ingest_through_seam(kb, jobs, captured_by="api", progress=progress,
+                                                  batch_tokens=262_144)
+                failed = [r.name for r in reports if r.status == "failed"]
+                sid_to_doc = {r.source_id: r.name for r in reports if r.source_id}
             index_s = time.perf_counter() - t0
-            failed = [r.name for r in reports if r.status == "failed"]
-            sid_to_doc = {r.source_id: r.name for r in reports if r.source_id}
             searcher = Searcher(store, reranker=reranker)
             results: dict = {"dataset": str(path), "model": kb.record.model,
                              "variant": kb.embedder.describe().get("variant"),
                              "documents": len(corpus), "passages": store.counts(kb.id)["chunks"],
                              "store": "local" if given is None else type(given).__name__,
-                             "queries": len(queries), "index_seconds": round(index_s, 1),
+                             "queries": len(queries), "absent_queries": len(absent),
+                             "split": split, "index_seconds": round(index_s, 1),
                              "failed_documents": failed, "modes": {}}
             ndcgs: dict[str, list[float]] = {}
+            if baseline == "bm25":
+                ranked_by = bm25_pages(pages)
+                per_query = {qid: metrics(ranked_by(q["text"])[:k], qrels[qid])
+                             for qid, q in queries.items()}
+                ndcgs["bm25"] = [m["ndcg@10"] for m in per_query.values()]
+                results["modes"]["bm25"] = _summary(per_query, queries, ndcgs["bm25"], [])
+                results["modes"]["bm25"]["absent_reported"] = sum(
+                    bool(ranked_by(q["text"])) for q in absent.values())
             for mode, rerank in run_modes:
                 per_query, latencies = {}, []
                 for qid, q in queries.items():
@@ -183,31 +236,93 @@ def run_eval(path: str | Path, *, modes: Sequence[str] = ("vector", "keyword", "
                         if doc and doc not in ranked:
                             ranked.append(doc)
                     per_query[qid] = metrics(ranked, qrels[qid])
-                kinds: dict[str, list] = defaultdict(list)
-                for qid, m in per_query.items():
-                    kinds[str(queries[qid].get("kind") or "all")].append(m)
                 name = mode + ("+rerank" if rerank else "")
                 ndcgs[name] = [m["ndcg@10"] for m in per_query.values()]
-                results["modes"][name] = {
-                    "overall": _mean(list(per_query.values())),
-                    "ndcg@10_ci95": list(bootstrap_ci(ndcgs[name])),
-                    "by_kind": {kind: _mean(rows) for kind, rows in sorted(kinds.items())}
-                    if len(kinds) > 1 else {},
-                    "median_ms": round(statistics.median(latencies), 2),
-                    "p95_ms": round(sorted(latencies)[int(0.95 * (len(latencies) - 1))], 2),
-                }
+                results["modes"][name] = _summary(per_query, queries, ndcgs[name], latencies)
+                if absent:
+                    # The product's own search, floor on: does it say "no passage mentions"?
+                    wrong = []
+                    for qid, q in absent.items():
+                        res = searcher.search([kb.id], q["text"], k=k, mode=mode, rerank=rerank)
+                        if any(st.status == "passages" for st in res.statuses):
+                            wrong.append(qid)
+                    results["modes"][name]["absent_reported"] = len(wrong)
+                    results["modes"][name]["absent_wrong"] = wrong
             results["compare"] = compare(ndcgs)
+            if "bm25" in ndcgs:
+                results["compare"].update(compare_baseline(ndcgs))
             return results
         finally:
             if given is None:
                 store.close()
 
 
-def _loader(doc_id: str, d: dict):
+def _summary(per_query: dict, queries: dict, ndcg: list[float], latencies: list[float]) -> dict:
+    kinds: dict[str, dict] = defaultdict(dict)
+    for qid, m in per_query.items():
+        kinds[str(queries[qid].get("kind") or "all")][qid] = m
+    out = {
+        "overall": _mean(list(per_query.values())),
+        "ndcg@10_ci95": list(bootstrap_ci(ndcg)),
+        "by_kind": {kind: {**_mean(list(rows.values())),
+                           "ndcg@10_ci95": list(bootstrap_ci([m["ndcg@10"] for m in rows.values()])),
+                           "queries": len(rows)}
+                    for kind, rows in sorted(kinds.items())} if len(kinds) > 1 else {},
+    }
+    if latencies:
+        out["median_ms"] = round(statistics.median(latencies), 2)
+        out["p95_ms"] = round(sorted(latencies)[int(0.95 * (len(latencies) - 1))], 2)
+    return out
+
+
+def compare_baseline(per_mode: dict[str, list[float]], base: str = "bm25") -> dict[str, dict]:
+    """Each mode against the baseline, query by query: mean nDCG@10 difference, paired interval."""
+    out = {}
+    for name, vals in per_mode.items():
+        if name == base:
+            continue
+        diffs = [x - y for x, y in zip(vals, per_mode[base], strict=True)]
+        out[f"{name} - {base}"] = {"ndcg@10": round(sum(diffs) / len(diffs), 4),
+                                   "ci95": list(bootstrap_ci(diffs)),
+                                   "better": sum(d > 0 for d in diffs),
+                                   "worse": sum(d < 0 for d in diffs)}
+    return out
+
+
+_WORD = re.compile(r"\w+")
+
+
+def bm25_pages(pages: dict[str, str]):
+    """Plain BM25 (rank_bm25's Okapi, defaults) over whole pages, ``\\w+`` tokens in lower case.
+
+    Returns ``rank(query) -> [doc ids]``, best first, only documents scoring above zero.
+    """
+    try:
+        from rank_bm25 import BM25Okapi
+    except ImportError as err:
+        raise InvalidInput("the bm25 baseline needs rank-bm25 (pip install rank-bm25)") from err
+    ids = list(pages)
+    bm25 = BM25Okapi([_WORD.findall(pages[i].lower()) for i in ids])
+
+    def rank(query: str) -> list[str]:
+        scores = bm25.get_scores(_WORD.findall(query.lower()))
+        order = sorted(range(len(ids)), key=lambda n: scores[n], reverse=True)
+        return [ids[n] for n in order if scores[n] > 0]
+
+    return rank
+
+
+def _loader(doc_id: str, d: dict, pages: dict[str, str]):
     def load() -> tuple[Document, str]:
-        title = (d.get("title") or "").strip()
-        text = (d.get("text") or "").strip() or title
-        return Document(title=title, type="text", sections=[Section(text)]), f"doc:{doc_id}"
+        if d.get("html"):
+            doc = extract_html(d["html"])  # the extractor finds the title, as for a saved page
+            doc.file_name = doc_id
+        else:
+            title = (d.get("title") or "").strip()
+            text = (d.get("text") or "").strip() or title
+            doc = Document(title=title, type="text", sections=[Section(text)])
+        pages[doc_id] = f"{doc.title}\n{doc.text}"
+        return doc, f"doc:{doc_id}"
 
     return load
 
@@ -215,21 +330,35 @@ def _loader(doc_id: str, d: dict):
 def format_table(res: dict) -> str:
     """The figures as a plain table, one row per mode (and per kind when queries have kinds)."""
     cols = ["recall@1", "recall@3", "recall@5", "recall@10", "mrr@10", "ndcg@10"]
-    lines = [f"{res['dataset']}: {res['documents']} documents, {res['passages']} passages, "
-             f"{res['queries']} queries; model {res['model']} ({res['variant']}); "
-             f"indexed in {res['index_seconds']} s",
+    split = "" if res.get("split", "test") == "test" else f" ({res['split']} split)"
+    absent = res.get("absent_queries", 0)
+    lines = [f"{res['dataset']}{split}: {res['documents']} documents, {res['passages']} passages, "
+             f"{res['queries']} queries" + (f" + {absent} absent" if absent else "")
+             + f"; model {res['model']} ({res['variant']}); indexed in {res['index_seconds']} s",
              f"{'mode':22} " + " ".join(f"{c:>9}" for c in cols)
-             + f" {'ndcg@10 95% CI':>15} {'median ms':>10} {'p95 ms':>8}"]
+             + f" {'ndcg@10 95% CI':>15} {'median ms':>10} {'p95 ms':>8}"
+             + (f" {'absent reported':>16}" if absent else "")]
     for mode, m in res["modes"].items():
         lo, hi = m["ndcg@10_ci95"]
-        lines.append(f"{mode:22} " + " ".join(f"{m['overall'][c]:9.3f}" for c in cols)
-                     + f" {f'{lo:.3f}-{hi:.3f}':>15} {m['median_ms']:10.2f} {m['p95_ms']:8.2f}")
+        label = "bm25 (whole pages)" if mode == "bm25" else mode
+        ms = (f"{m['median_ms']:10.2f} {m['p95_ms']:8.2f}" if "median_ms" in m
+              else f"{'-':>10} {'-':>8}")
+        wrong = (f" {m['absent_reported']:>10} of {absent:<3}" if absent and "absent_reported" in m
+                 else "")
+        lines.append(f"{label:22} " + " ".join(f"{m['overall'][c]:9.3f}" for c in cols)
+                     + f" {f'{lo:.3f}-{hi:.3f}':>15} {ms}{wrong}")
         for kind, row in m["by_kind"].items():
-            lines.append(f"  {kind:20} " + " ".join(f"{row[c]:9.3f}" for c in cols))
+            klo, khi = row.get("ndcg@10_ci95", (0.0, 0.0))
+            lines.append(f"  {kind + ' (' + str(row.get('queries', '?')) + ')':20} "
+                         + " ".join(f"{row[c]:9.3f}" for c in cols) + f" {f'{klo:.3f}-{khi:.3f}':>15}")
     for label, c in res.get("compare", {}).items():
         lo, hi = c["ci95"]
         lines.append(f"{label}: nDCG@10 {c['ndcg@10']:+.3f} (paired 95% CI {lo:+.3f} to {hi:+.3f}; "
                      f"better on {c['better']} queries, worse on {c['worse']})")
+    for mode, m in res["modes"].items():
+        if m.get("absent_wrong"):
+            lines.append(f"{mode}: absent queries reported as passages: "
+                         + ", ".join(m["absent_wrong"][:10]))
     if res["failed_documents"]:
         lines.append(f"{len(res['failed_documents'])} documents could not be indexed: "
                      + ", ".join(res["failed_documents"][:10]))

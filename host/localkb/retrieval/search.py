@@ -18,10 +18,12 @@ from pathlib import Path
 import numpy as np
 
 from localkb.errors import EmbeddingUnavailable, InvalidInput, LocalKBError
+from localkb.ingest.chunk import passage_text
 from localkb.retrieval.hybrid import rrf
-from localkb.store.base import KnowledgeBaseHandle, KnowledgeStore
+from localkb.store.analysis import ExactTerm, QueryPlan, analyze, plan_query
+from localkb.store.base import KnowledgeBaseHandle, KnowledgeStore, Legs
 from localkb.store.catalog import vector_key
-from localkb.store.keywords import KeywordHit, is_identifier, query_terms
+from localkb.store.keywords import KeywordHit
 
 MODES = ("hybrid", "vector", "keyword")
 #: Below the cut-off by at most this much, a hit is a "weaker match"; further down it is noise.
@@ -29,6 +31,10 @@ WEAK_BAND = 0.05
 MAX_K = 100
 #: A keyword list whose best hit shares this many query terms counts in full (keyword_weight).
 FULL_WEIGHT_TERMS = 2
+#: Per-source searches fetch deeper until k pages are in, at most this many candidates per list.
+MAX_FETCH = 640
+#: At most this many passages are taken from one back-off form of an exact term.
+MAX_BACKOFF = 2000
 
 
 def fetch_k(k: int) -> int:
@@ -36,7 +42,8 @@ def fetch_k(k: int) -> int:
     return min(200, max(k, 4 * k, 20))
 
 
-def keyword_weight(hits: Sequence[KeywordHit], n_terms: int) -> float:
+def keyword_weight(hits: Sequence[KeywordHit], n_terms: int,
+                   common: frozenset[str] = frozenset()) -> float:
     """The keyword list's weight in the fusion: 1 when its best hit shares two query terms or half of them.
 
     With one shared word (of three or more), the list is evidence of that word, not of
@@ -45,10 +52,20 @@ def keyword_weight(hits: Sequence[KeywordHit], n_terms: int) -> float:
     Two shared words already rank by co-occurrence, which is evidence; requiring half
     of a long question's terms (SciFact claims have up to 12) muted the keyword list
     exactly where 96-token passages hold only part of them.
+
+    ``common`` are the query terms found in at least half of the knowledge base's
+    passages: their Robertson-Spärck Jones weight, ``log((N - df + 0.5) / (df + 0.5))``,
+    is zero or below, so sharing them is no evidence and they are not counted at all.
+    Under RRF any vote from a list can reorder two neighbours of another (their scores
+    differ by about ``1/(60 + r)²``), so the only way two weak words cannot swing the
+    result is for them not to vote.
     """
     if not hits or n_terms <= 0:
         return 1.0
-    best = max(h.matched for h in hits)
+    n_terms -= len(common)
+    if n_terms <= 0:
+        return 1.0  # every word is common: nothing tells one list from the other
+    best = max(len(h.terms - common) for h in hits)
     if best >= FULL_WEIGHT_TERMS:
         return 1.0
     return min(1.0, 2 * best / n_terms)
@@ -86,9 +103,14 @@ class Hit:
     relevant: bool = True
     degraded: bool = False
     rerank_score: float | None = None
+    #: The query's exact terms this passage does not mention.
+    missing_terms: list[str] = field(default_factory=list)
+    #: Would be relevant but for a missing exact term (offered as a weaker match then).
+    would_count: bool = False
 
     def to_dict(self) -> dict:
         out = asdict(self)
+        out.pop("would_count")
         out["weaker"] = not self.relevant
         return out
 
@@ -105,9 +127,94 @@ class KBStatus:
     message: str = ""
     degraded: bool = False
     error: dict | None = None
+    #: The query's exact terms as typed, and those no passage of this knowledge base holds.
+    exact_terms: list[str] = field(default_factory=list)
+    missing_terms: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "line": status_line(self)}
+
+
+@dataclass
+class TermMatch:
+    """How one exact term of the query was found in one knowledge base."""
+
+    term: ExactTerm
+    how: str  # whole | backoff | missing | unchecked
+    via: str | None = None  # the back-off form that matched, as it reads
+    chunks: frozenset[str] = frozenset()  # passages holding it through the back-off
+    extra_terms: tuple[str, ...] = ()  # single-term back-off forms the OR query also asks for
+
+    def describe(self) -> str:
+        if self.how == "backoff":
+            return f"as {self.via}"
+        return {"unchecked": "not checked"}.get(self.how, self.how)
+
+    def held_by(self, chunk_id: str, terms: frozenset[str] | None) -> bool:
+        """Whether one passage holds the term (whole, or through the back-off that found it).
+
+        ``terms``: the passage's indexed terms, or those of them the keyword search matched.
+        """
+        if chunk_id in self.chunks:
+            return True
+        if self.how != "whole":
+            return self.how == "unchecked"
+        return terms is not None and self.term.term in terms
+
+
+def find_exact_terms(legs: Legs, plan: QueryPlan) -> list[TermMatch]:
+    """Each exact term: whole if any passage holds it, else through its back-off, else missing.
+
+    ``legs`` are one knowledge base's (``store.base.Legs``): on the team store every lookup
+    sees only the passages the user may see, so a name held only by a restricted passage
+    is missing for that user.
+    """
+    out = []
+    for e in plan.exact:
+        if legs.doc_frequency(e.term) > 0:
+            out.append(TermMatch(e, "whole"))
+            continue
+        chunks: set[str] = set()
+        via = None
+        extra: list[str] = []
+        for alt in e.backoff:
+            ids = legs.phrase(alt.phrase, limit=MAX_BACKOFF)
+            if ids and alt.context:
+                ids = _on_pages_holding(legs, ids, alt.context)
+            if ids:
+                chunks.update(ids)
+                via = via or alt.label
+                if len(alt.phrase) == 1:
+                    extra.append(alt.phrase[0])
+        out.append(TermMatch(e, "backoff", via, frozenset(chunks), tuple(extra)) if chunks
+                   else TermMatch(e, "missing"))
+    return out
+
+
+def _on_pages_holding(legs: Legs, ids: list[str], context: tuple[str, ...]) -> list[str]:
+    """The passages of ``ids`` whose page (source) also holds every term of ``context``."""
+    source = legs.sources_of(ids)
+    pages = set(source.values())
+    for term in context:
+        pages &= set(legs.sources_of(legs.chunks_with(term)).values())
+        if not pages:
+            return []
+    return [c for c in ids if source.get(c) in pages]
+
+
+@dataclass
+class Candidates:
+    """The ranked lists of one knowledge base and what is known about their members."""
+
+    lists: dict[str, list[int]] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)
+    sims: dict[int, float] = field(default_factory=dict)
+    bm25: dict[int, tuple[float, int]] = field(default_factory=dict)
+    qvec: np.ndarray | None = None
+    embed_error: LocalKBError | None = None
+    saturated: bool = False  # some list returned all it was asked for: there may be more
+    terms: dict[int, frozenset[str]] = field(default_factory=dict)  # query terms each keyword hit holds
+    keyword_complete: bool = False  # the keyword list holds every passage with a query term
 
 
 @dataclass
@@ -116,6 +223,7 @@ class SearchResult:
     mode: str
     cutoff: float
     terms: list[str]
+    exact_terms: list[str] = field(default_factory=list)
     hits: list[Hit] = field(default_factory=list)
     weaker: list[Hit] = field(default_factory=list)
     statuses: list[KBStatus] = field(default_factory=list)
@@ -123,6 +231,7 @@ class SearchResult:
 
     def to_dict(self) -> dict:
         return {"query": self.query, "mode": self.mode, "cutoff": self.cutoff, "terms": self.terms,
+                "exact_terms": self.exact_terms,
                 "hits": [h.to_dict() for h in self.hits],
                 "weaker": [h.to_dict() for h in self.weaker],
                 "statuses": [s.to_dict() for s in self.statuses],
@@ -132,6 +241,13 @@ class SearchResult:
 def status_line(s: KBStatus) -> str:
     """The one-line step shown per knowledge base (CLI and side panel use the same words)."""
     name = s.kb_name
+    if s.missing_terms and s.status in ("weaker", "nothing"):
+        names = " or ".join(f'"{t}"' for t in s.missing_terms)
+        if s.status == "weaker":
+            return (f"{name} · no passage mentions {names} · {s.weaker} weaker "
+                    f"match{'es' if s.weaker != 1 else ''}")
+        best = f"best {s.best:.2f}, " if s.best is not None else ""
+        return f"{name} · no passage mentions {names} · nothing else relevant ({best}cut-off {s.cutoff:.2f})"
     if s.status == "passages":
         text = f"{name} · {s.count} passage{'s' if s.count != 1 else ''}"
         return text + (" · keyword only, the embedder is unavailable" if s.degraded else "")
@@ -225,10 +341,10 @@ class Reranker:
 class Searcher:
     """Runs searches against a store (local or team, ``store.base``); one query-embedding cache per call.
 
-    The status logic below — fusion, floor, weaker band, per-source, the six statuses — is
-    the only copy: the team server runs this same class over its PostgreSQL store, and a
-    knowledge base attached from a team server (``remote``) hands back the statuses that
-    the server computed with it.
+    The status logic below — exact terms and their back-off, fusion, floor, weaker band,
+    per-source fill, the six statuses — is the only copy: the team server runs this same
+    class over its PostgreSQL store, and a knowledge base attached from a team server
+    (``remote``) hands back the statuses that the server computed with it.
     """
 
     def __init__(self, store: KnowledgeStore, *, reranker: Reranker | None = None) -> None:
@@ -265,11 +381,13 @@ class Searcher:
             raise InvalidInput("rerank needs a cross-encoder model (--rerank-model PATH)")
         cutoff = self.store.settings.cutoff if cutoff is None else float(cutoff)
         kb_refs = [self.store.resolve(ref).id for ref in kb_refs]  # an unknown name is the caller's error
-        result = SearchResult(query=query, mode=mode, cutoff=cutoff, terms=query_terms(query))
+        plan = plan_query(query)
+        result = SearchResult(query=query, mode=mode, cutoff=cutoff, terms=list(plan.terms),
+                              exact_terms=[e.text for e in plan.exact])
         qcache = {} if query_vectors is None else query_vectors
         started = time.perf_counter()
         for ref in kb_refs:
-            status, hits = self._search_one(ref, query, terms=result.terms, k=k, mode=mode,
+            status, hits = self._search_one(ref, query, plan=plan, k=k, mode=mode,
                                             cutoff=cutoff, rerank=rerank, floor=floor,
                                             per_source=per_source, qcache=qcache,
                                             trace=result.trace)
@@ -277,7 +395,8 @@ class Searcher:
             result.hits += [h for h in hits if h.relevant]
             result.weaker += [h for h in hits if not h.relevant]
         for kb_id, name, reason in skipped:
-            result.statuses.append(KBStatus(kb_id, name, "skipped", cutoff=cutoff, message=reason))
+            result.statuses.append(KBStatus(kb_id, name, "skipped", cutoff=cutoff, message=reason,
+                                            exact_terms=result.exact_terms))
         def order(h: Hit) -> tuple:
             return (h.rerank_score if h.rerank_score is not None else -1e9, h.score, h.cosine or 0.0)
 
@@ -286,11 +405,12 @@ class Searcher:
         result.trace["total_ms"] = round((time.perf_counter() - started) * 1000, 2)
         return result
 
-    def _search_one(self, ref: str, query: str, *, terms: list[str], k: int, mode: str,
+    def _search_one(self, ref: str, query: str, *, plan: QueryPlan, k: int, mode: str,
                     cutoff: float, rerank: bool, floor: bool, per_source: int | None,
                     qcache: dict, trace: dict) -> tuple[KBStatus, list[Hit]]:
-        t: dict[str, float] = {}
+        t: dict = {}
         name = ref
+        exact_terms = [e.text for e in plan.exact]
         try:
             kb = self.store.open_kb(ref)
             name = kb.record.name
@@ -304,96 +424,51 @@ class Searcher:
             t["open_ms"] = _ms(t0)
             empty = legs.is_empty()
         except LocalKBError as err:
-            return self._unavailable(ref, name, cutoff, err), []
+            return self._unavailable(ref, name, cutoff, err, exact_terms), []
         trace.setdefault("kbs", {})[kb.id] = t
         if empty:
-            return KBStatus(kb.id, name, "empty", cutoff=cutoff,
+            return KBStatus(kb.id, name, "empty", cutoff=cutoff, exact_terms=exact_terms,
+                            missing_terms=exact_terms,
                             message="the knowledge base has no passages"), []
-        want = fetch_k(k)
-        lists: dict[str, list[int]] = {}
-        weights: dict[str, float] = {}
-        sims: dict[int, float] = {}
-        bm25: dict[int, tuple[float, int]] = {}
-        qvec: np.ndarray | None = None
-        embed_error: LocalKBError | None = None
-        if mode in ("hybrid", "vector"):
-            try:
-                t0 = time.perf_counter()
-                qvec = self._embed_query(kb, query, qcache)
-                t["embed_ms"] = _ms(t0)
-                t0 = time.perf_counter()
-                vh = legs.vector(qvec, want)
-                t["vector_ms"] = _ms(t0)
-                t["vector_exact"] = vh.exact
-                lists["vector"] = [int(x) for x in vh.keys]
-                sims.update(zip(lists["vector"], (float(s) for s in vh.similarities), strict=True))
-            except LocalKBError as err:
-                embed_error = err
-                if mode == "vector":
-                    return self._unavailable(kb.id, name, cutoff, err), []
-        if mode in ("hybrid", "keyword") or embed_error is not None:
-            try:
-                t0 = time.perf_counter()
-                khits = legs.keyword(terms, want)
-                t["keyword_ms"] = _ms(t0)
-            except LocalKBError as err:
-                if embed_error is not None or mode == "keyword":
-                    return self._unavailable(kb.id, name, cutoff, embed_error or err), []
-                khits = []
-                kb.log_error("rag-retrieval", err.code, str(err))
-                t["keyword_error"] = str(err)
-            lists["keyword"] = [vector_key(h.chunk_id) for h in khits]
-            weights["keyword"] = keyword_weight(khits, len(terms))
-            bm25.update((vector_key(h.chunk_id), (h.bm25, h.matched)) for h in khits)
-            codes = {t for t in terms if is_identifier(t)}
-            if codes:
-                # Exact identifiers get a list of their own: chunks holding the query's
-                # identifiers whole, most of them first. A sentence model sees ERR_4521 and
-                # ERR_4512 as near-twins; this list does not.
-                exact = sorted((h for h in khits if h.terms & codes),
-                               key=lambda h: (len(h.terms & codes), h.bm25), reverse=True)
-                lists["exact"] = [vector_key(h.chunk_id) for h in exact]
-        if mode == "keyword":
-            # The floor is on cosine for every hit, so keyword mode still embeds the query
-            # (best effort): without it, only real keyword matches count as relevant.
-            try:
-                qvec = self._embed_query(kb, query, qcache)
-            except LocalKBError:
-                qvec = None
-        degraded = embed_error is not None
-        if degraded:
-            kb.log_error("rag-retrieval", embed_error.code,
-                         f"vector search could not run, keyword results only: {embed_error}")
         t0 = time.perf_counter()
-        fused = rrf(lists, self.store.settings.rrf_k, weights)
         try:
-            rows = legs.rows(list(fused), qvec)
+            found = find_exact_terms(legs, plan)
         except LocalKBError as err:
-            return self._unavailable(kb.id, name, cutoff, err), []
-        hits: list[Hit] = []
-        need_terms = len(terms) / 2
-        for key, score in sorted(fused.items(), key=lambda kv: kv[1], reverse=True):
-            row = rows.get(key)
-            if row is None:  # an index entry without a catalogue row is never served
-                continue
-            cos = sims.get(key)
-            if cos is None:
-                cos = row.cosine
-            b, matched = bm25.get(key, (None, 0))
-            keyword_match = b is not None and b > 0 and matched > need_terms
-            relevant = keyword_match or (cos is not None and cos >= cutoff) or not floor
-            hits.append(Hit(
-                kb=kb.id, kb_name=name, chunk_id=row.id, source_id=row.source_id,
-                title=row.title, url=row.url, file_name=row.file_name,
-                chunk_index=row.idx, chunk_count=row.chunk_count, page=row.page,
-                text=row.text, score=round(score, 6), cosine=None if cos is None else round(cos, 6),
-                bm25=None if b is None else round(b, 4), matched_terms=matched,
-                lists=[n for n, items in lists.items() if key in items],
-                relevant=relevant, degraded=degraded))
-        t["fuse_ms"] = _ms(t0)
+            # Without the keyword index nobody can say which names are present: the search
+            # still runs, and the trace says that the exact terms were not checked.
+            kb.log_error("rag-retrieval", err.code, str(err))
+            found = [TermMatch(e, "unchecked") for e in plan.exact]
+        t["exact_ms"] = _ms(t0)
+        t["exact"] = {m.term.text: m.describe() for m in found}
+        missing = [m.term.text for m in found if m.how == "missing"]
+        want = fetch_k(k)
+        while True:
+            got = self._candidates(kb, legs, query, plan, found, want=want, mode=mode,
+                                   cutoff=cutoff, qcache=qcache, t=t)
+            if isinstance(got, KBStatus):
+                return got, []
+            try:
+                hits = self._hits(kb, legs, got, plan, found, cutoff=cutoff, floor=floor,
+                                  missing=missing)
+            except LocalKBError as err:
+                return self._unavailable(kb.id, name, cutoff, err, exact_terms), []
+            if per_source is None:
+                break
+            kept = {h.source_id for h in hits if h.relevant or not floor}
+            # Per-source results fill k: several passages of one page can fill the lists, so
+            # fetch deeper (4x at a time, at most MAX_FETCH per list) until k pages are in or
+            # the lists hold no more.
+            if len(kept) >= k or want >= MAX_FETCH or not got.saturated:
+                break
+            want = min(MAX_FETCH, want * 4)
+        t["fetched"] = want
+        degraded = got.embed_error is not None
+        if degraded:
+            kb.log_error("rag-retrieval", got.embed_error.code,
+                         f"vector search could not run, keyword results only: {got.embed_error}")
         t.update(legs.trace)
-        t["candidates"] = {n: len(v) for n, v in lists.items()}
-        t["weights"] = {n: round(weights.get(n, 1.0), 3) for n in lists}
+        t["candidates"] = {n: len(v) for n, v in got.lists.items()}
+        t["weights"] = {n: round(got.weights.get(n, 1.0), 3) for n in got.lists}
         if rerank and self.reranker is not None:
             t0 = time.perf_counter()
             top = hits[: self.reranker.top]
@@ -414,25 +489,144 @@ class Searcher:
         relevant = [h for h in hits if h.relevant][:k]
         below = [h for h in hits if not h.relevant]
         best = max((h.cosine for h in hits if h.cosine is not None), default=None)
+        common = {"best": best, "cutoff": cutoff, "degraded": degraded,
+                  "exact_terms": exact_terms, "missing_terms": missing}
         if relevant:
             status = KBStatus(kb.id, name, "passages", count=len(relevant), weaker=len(below),
-                              best=best, cutoff=cutoff, degraded=degraded)
+                              **common)
         else:
-            band = [h for h in below if (h.cosine is not None and h.cosine >= cutoff - WEAK_BAND)
+            # With a name missing, the passages that would have counted are the closest
+            # ones: offered as weaker matches, never as passages.
+            band = [h for h in below if h.would_count
+                    or (h.cosine is not None and h.cosine >= cutoff - WEAK_BAND)
                     or (h.cosine is None and h.matched_terms > 0)]
             if band:
-                status = KBStatus(kb.id, name, "weaker", weaker=len(band), best=best, cutoff=cutoff,
-                                  degraded=degraded)
-                below = band
+                below = band[:k]
+                status = KBStatus(kb.id, name, "weaker", weaker=len(below), **common)
             else:
-                status = KBStatus(kb.id, name, "nothing", best=best, cutoff=cutoff,
-                                  degraded=degraded)
+                status = KBStatus(kb.id, name, "nothing", **common)
                 below = below[:k]
         if degraded:
             status.message = ("keyword results only: the embedder is unavailable "
-                              f"({embed_error}); vector search did not run")
+                              f"({got.embed_error}); vector search did not run")
         status.message = status.message or status_line(status)
         return status, relevant + below[:k]
+
+    def _candidates(self, kb: KnowledgeBaseHandle, legs: Legs, query: str, plan: QueryPlan,
+                    found: list[TermMatch], *, want: int, mode: str, cutoff: float,
+                    qcache: dict, t: dict) -> Candidates | KBStatus:
+        """The ranked lists of one knowledge base, ``want`` deep each (or its unavailable status)."""
+        got = Candidates()
+        terms = list(plan.terms)
+        name = kb.record.name
+        if mode in ("hybrid", "vector"):
+            try:
+                t0 = time.perf_counter()
+                got.qvec = self._embed_query(kb, query, qcache)
+                t["embed_ms"] = _ms(t0)
+                t0 = time.perf_counter()
+                vh = legs.vector(got.qvec, want)
+                t["vector_ms"] = _ms(t0)
+                t["vector_exact"] = vh.exact
+                got.lists["vector"] = [int(x) for x in vh.keys]
+                got.sims.update(zip(got.lists["vector"], (float(s) for s in vh.similarities),
+                                    strict=True))
+                got.saturated |= len(vh.keys) >= want
+            except LocalKBError as err:
+                got.embed_error = err
+                if mode == "vector":
+                    return self._unavailable(kb.id, name, cutoff, err,
+                                             [e.text for e in plan.exact])
+        if mode in ("hybrid", "keyword") or got.embed_error is not None:
+            try:
+                t0 = time.perf_counter()
+                extra = {a for m in found for a in m.extra_terms}
+                khits = legs.keyword(terms + sorted(extra), want)
+                t["keyword_ms"] = _ms(t0)
+            except LocalKBError as err:
+                if got.embed_error is not None or mode == "keyword":
+                    return self._unavailable(kb.id, name, cutoff, got.embed_error or err,
+                                             [e.text for e in plan.exact])
+                khits = []
+                kb.log_error("rag-retrieval", err.code, str(err))
+                t["keyword_error"] = str(err)
+            got.saturated |= len(khits) >= want
+            got.keyword_complete = len(khits) < want and "keyword_error" not in t
+            for h in khits:
+                # A passage found through an exact term's back-off holds that term (and its
+                # back-off forms count as that one term, not as more).
+                held = {m.term.term for m in found if h.chunk_id in m.chunks}
+                if held or extra & h.terms:
+                    h.terms = (h.terms - extra) | held
+            got.lists["keyword"] = [vector_key(h.chunk_id) for h in khits]
+            n = legs.doc_count()
+            common = frozenset(t for t in terms if 2 * legs.doc_frequency(t) >= n) if khits else frozenset()
+            got.weights["keyword"] = keyword_weight(khits, len(terms), common)
+            got.bm25.update((vector_key(h.chunk_id), (h.bm25, h.matched)) for h in khits)
+            got.terms.update((vector_key(h.chunk_id), h.terms) for h in khits)
+            codes = {m.term.term for m in found if m.how in ("whole", "backoff")}
+            if codes:
+                # Exact terms get a list of their own: passages holding them (whole or through
+                # their back-off), most of them first. A sentence model sees ERR_4521 and
+                # ERR_4512 as near-twins; this list does not.
+                held = {vector_key(h.chunk_id): (len(h.terms & codes), h.bm25) for h in khits
+                        if h.terms & codes}
+                for m in found:
+                    for cid in m.chunks:
+                        key = vector_key(cid)
+                        if key not in held:
+                            held[key] = (1, 0.0)
+                got.lists["exact"] = sorted(held, key=held.get, reverse=True)[:want]
+        if mode == "keyword":
+            # The floor is on cosine for every hit, so keyword mode still embeds the query
+            # (best effort): without it, only real keyword matches count as relevant.
+            try:
+                got.qvec = self._embed_query(kb, query, qcache)
+            except LocalKBError:
+                got.qvec = None
+        return got
+
+    def _hits(self, kb: KnowledgeBaseHandle, legs: Legs, got: Candidates, plan: QueryPlan,
+              found: list[TermMatch], *, cutoff: float, floor: bool, missing: list[str]) -> list[Hit]:
+        """The fused candidates as hits, each marked relevant (above the floor) or not."""
+        name = kb.record.name
+        fused = rrf(got.lists, self.store.settings.rrf_k, got.weights)
+        rows = legs.rows(list(fused), got.qvec)
+        hits: list[Hit] = []
+        need_terms = len(plan.terms) / 2
+        wanted = [m for m in found if m.how in ("whole", "backoff")]
+        degraded = got.embed_error is not None
+        for key, score in sorted(fused.items(), key=lambda kv: kv[1], reverse=True):
+            row = rows.get(key)
+            if row is None:  # an index entry without a catalogue row is never served
+                continue
+            cos = got.sims.get(key)
+            if cos is None:
+                cos = row.cosine
+            b, matched = got.bm25.get(key, (None, 0))
+            keyword_match = b is not None and b > 0 and matched > need_terms
+            counts = keyword_match or (cos is not None and cos >= cutoff)
+            lacks = list(missing)
+            if wanted:
+                # A question naming something: a passage above the floor counts only if it
+                # names some of it; one that names none of it is a weaker match at best.
+                terms = got.terms.get(key)
+                if terms is None and not got.keyword_complete:
+                    # Not among the keyword hits that were fetched: read the passage itself.
+                    terms = frozenset(t for t, _ in analyze(passage_text(row.title, row.text)))
+                lacks += [m.term.text for m in wanted if not m.held_by(row.id, terms)]
+                held = len(wanted) - (len(lacks) - len(missing))
+                counts = counts and held > 0
+            hits.append(Hit(
+                kb=kb.id, kb_name=name, chunk_id=row.id, source_id=row.source_id,
+                title=row.title, url=row.url, file_name=row.file_name,
+                chunk_index=row.idx, chunk_count=row.chunk_count, page=row.page,
+                text=row.text, score=round(score, 6), cosine=None if cos is None else round(cos, 6),
+                bm25=None if b is None else round(b, 4), matched_terms=matched,
+                lists=[n for n, items in got.lists.items() if key in items],
+                relevant=(counts and not missing) or not floor, degraded=degraded,
+                missing_terms=lacks, would_count=counts))
+        return hits
 
     def _embed_query(self, kb: KnowledgeBaseHandle, query: str, qcache: dict) -> np.ndarray:
         model = kb.record.model
@@ -448,10 +642,12 @@ class Searcher:
             qcache[model] = cached
         return cached
 
-    def _unavailable(self, kb_id: str, name: str, cutoff: float, err: LocalKBError) -> KBStatus:
+    def _unavailable(self, kb_id: str, name: str, cutoff: float, err: LocalKBError,
+                     exact_terms: list[str]) -> KBStatus:
         self.store.log_error("rag-retrieval", err.code, f"search could not run: {err}",
                              kb_id=kb_id if kb_id.startswith(("kb_", "tkb_")) else None)
         return KBStatus(kb_id, name, "unavailable", cutoff=cutoff, error=err.to_dict(),
+                        exact_terms=exact_terms,
                         message=("the search could not run, so this says nothing about what is "
                                  f"stored: {err}"))
 

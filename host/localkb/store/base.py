@@ -12,7 +12,9 @@ on either.
       open_kb -> KnowledgeBaseHandle
                               ingestion: source_state, existing_chunks, write_sources
                               sources:   list_sources, remove_source
-                              search:    legs() -> Legs (vector, keyword, rows)
+                              search:    legs() -> Legs (vector, keyword, rows, and the
+                                         keyword lookups of exact terms: doc_count,
+                                         doc_frequency, phrase, chunks_with, sources_of)
                               portable:  snapshot(), import_rows
                               re-embed:  staged_count, clear_staging, reembed_missing, chunk_texts,
                                          stage_vectors, writers_paused(), switch_model, after_switch
@@ -112,6 +114,10 @@ class Snapshot:
 class Legs(ABC):
     """One knowledge base's two retrieval legs and its rows, limited to what the caller may see.
 
+    Both keyword legs index and query the same terms, those of ``store.analysis`` (Whoosh
+    locally, a ``tsvector`` of those terms with their positions in PostgreSQL), so exact
+    terms, their back-off and the statuses come out alike on both stores.
+
     ``trace`` collects what a leg wants to show about how it ran (the team store records
     the filter it applied and the ids each leg fetched).
     """
@@ -128,7 +134,27 @@ class Legs(ABC):
 
     @abstractmethod
     def keyword(self, terms: list[str], count: int) -> list[KeywordHit]:
-        """BM25 over our analyser's terms, any term may match, best first."""
+        """BM25 over ``store.analysis`` terms, any term may match, best first, with the terms each holds."""
+
+    @abstractmethod
+    def doc_count(self) -> int:
+        """How many passages the keyword leg holds (that the caller may see)."""
+
+    @abstractmethod
+    def doc_frequency(self, term: str) -> int:
+        """How many of those passages hold ``term`` (0: none)."""
+
+    @abstractmethod
+    def phrase(self, terms: Sequence[str], limit: int = 1000) -> list[str]:
+        """Chunk ids of passages holding ``terms`` at adjacent positions, in order (one term: holding it)."""
+
+    @abstractmethod
+    def chunks_with(self, term: str, limit: int = 20_000) -> list[str]:
+        """Chunk ids of (at most ``limit``) passages holding ``term``."""
+
+    @abstractmethod
+    def sources_of(self, chunk_ids: Sequence[str]) -> dict[str, str]:
+        """The source id of each of ``chunk_ids`` (those that exist and may be seen)."""
 
     @abstractmethod
     def rows(self, keys: Sequence[int], qvec: np.ndarray | None) -> dict[int, PassageRow]:
@@ -263,3 +289,11 @@ class KnowledgeStore(ABC):
     @abstractmethod
     def log_query(self, kind: str, query: str, kb_ids: list[str], trace: dict[str, Any]) -> None:
         """Record a chat turn's trace."""
+
+    def confirm_privacy(self) -> None:
+        """Read again any privacy setting held elsewhere, before text may leave this machine.
+
+        The local store holds its own (nothing to do); the ``Library`` of attached teams asks
+        each team, since its listing may be older than an administrator's change.
+        """
+        return

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from localkb.errors import StoreError
+from localkb.perms import private_dir
 
 if TYPE_CHECKING:
     import numpy as np
@@ -160,7 +161,7 @@ class Catalog:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._local = threading.local()
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
         try:
             self.db.executescript(SCHEMA)  # executescript commits on its own; the DDL is idempotent
             self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
@@ -256,6 +257,18 @@ class Catalog:
             "SELECT idx, text, page FROM chunks WHERE source_id = ? AND idx BETWEEN ? AND ? "
             "ORDER BY idx", (source_id, idx - radius, idx + radius)).fetchall()
 
+    def sources_of(self, kb_id: str, chunk_ids: Iterable[str]) -> dict[str, str]:
+        """The source id of each of ``chunk_ids`` (those that exist)."""
+        ids = list(chunk_ids)
+        out: dict[str, str] = {}
+        for start in range(0, len(ids), 500):
+            part = ids[start : start + 500]
+            marks = ",".join("?" * len(part))
+            out.update(self.db.execute(
+                f"SELECT id, source_id FROM chunks WHERE kb_id = ? AND id IN ({marks})",
+                [kb_id, *part]).fetchall())
+        return out
+
     def hits_by_vkey(self, kb_id: str, vkeys: list[int]) -> dict[int, sqlite3.Row]:
         out: dict[int, sqlite3.Row] = {}
         for start in range(0, len(vkeys), 500):
@@ -272,13 +285,18 @@ class Catalog:
     # -- logs ------------------------------------------------------------------
     def log_error(self, source: str, code: str, message: str, *, kb_id: str | None = None,
                   ref: str | None = None, detail: dict | None = None) -> None:
-        """Append to the error log; a failure to log never hides the original error."""
+        """Append to the error log; a failure to log never hides the original error.
+
+        Key shapes (``Bearer …``, ``sk-…``) are masked: a quoted server message may echo one.
+        """
+        from localkb.redact import redact
+
         with contextlib.suppress(sqlite3.Error):
             self.db.execute(
                 "INSERT INTO errors (at, source, code, message, kb_id, ref, detail) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (time.time(), source, code, message[:2000], kb_id, ref,
-                 json.dumps(detail) if detail else None))
+                (time.time(), source, code, redact(message[:2000]), kb_id, ref,
+                 redact(json.dumps(detail)) if detail else None))
 
     def errors(self, *, source: str | None = None, kb_id: str | None = None, offset: int = 0,
                limit: int = 20) -> tuple[list[dict], int]:

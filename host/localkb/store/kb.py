@@ -9,11 +9,11 @@ search never runs on a stale or partial index without saying so.
 
 from __future__ import annotations
 
-import re
 import shutil
 import sqlite3
 import threading
 import time
+import unicodedata
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from localkb.atomic import sweep_tmp
 from localkb.config import Settings
 from localkb.embedding.embedder import Embedder, EmbedderRegistry
 from localkb.errors import (
@@ -35,6 +36,8 @@ from localkb.errors import (
 )
 from localkb.ingest.chunk import passage_text
 from localkb.locks import FileLock
+from localkb.perms import private_dir, tighten
+from localkb.staging import Staging
 from localkb.store.base import (
     Existing,
     KnowledgeBaseHandle,
@@ -56,6 +59,7 @@ from localkb.store.catalog import (
 )
 from localkb.store.keywords import KeywordHit, KeywordIndex
 from localkb.store.vectors import VectorHits, VectorIndex
+from localkb.strings import clean_name, string_problem
 
 PRIVACY = ("device", "cloud")
 #: Chunks read at a time when the derived indexes catch up with a write, and per keyword commit.
@@ -75,7 +79,6 @@ _MISSING = (
     "SELECT c.id FROM chunks c LEFT JOIN reembed_staging r ON r.kb_id = c.kb_id AND r.chunk_id = c.id "
     "AND r.model = ? AND r.text_hash = c.text_hash WHERE c.kb_id = ? AND r.chunk_id IS NULL "
     "ORDER BY c.rowid")
-_NAME = re.compile(r"^[^\x00-\x1f/\\]{1,80}$")
 
 
 @dataclass
@@ -95,7 +98,14 @@ class Store(KnowledgeStore):
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.root = settings.data_dir
-        self.root.mkdir(parents=True, exist_ok=True)
+        # The user's alone: 0700, and anything an older version (or a looser umask) left
+        # readable by others is tightened now, before the catalogue is read.
+        private_dir(self.root)
+        tighten(self.root)
+        # What a killed import left (its staging files; the catalogue never saw it) and the
+        # temporary files of index saves a kill cut short go now.
+        Staging(self.root / "imports").sweep()
+        sweep_tmp(self.root, self.root / "kbs")
         self.catalog = Catalog(self.root / "catalog.sqlite")
         self.lock = FileLock(self.root / "store.lock")
         self.models = EmbedderRegistry(settings)
@@ -110,7 +120,8 @@ class Store(KnowledgeStore):
         """A knowledge base by id or by name (case-insensitive)."""
         if not isinstance(ref, str) or not ref:
             raise InvalidInput("a knowledge base id or name is required")
-        rec = self.catalog.kb(ref) or self.catalog.kb_by_name(ref)
+        rec = self.catalog.kb(ref) or self.catalog.kb_by_name(
+            unicodedata.normalize("NFC", ref) if not string_problem(ref) else ref)
         if rec is None:
             raise KnowledgeBaseNotFound(f"no knowledge base named or with id {ref!r}")
         return rec
@@ -218,9 +229,11 @@ def _usable(load: Callable[[], VectorIndex | KeywordIndex], gen: int, pruned: in
 
 
 def check_name(name: object) -> str:
-    if not isinstance(name, str) or not _NAME.match(name.strip()):
-        raise InvalidInput("a knowledge base name is 1-80 characters, without / \\ or control characters")
-    return name.strip()
+    """A knowledge base name: NFC, 1-80 characters, no / or \\, nothing deceptive (``clean_name``).
+
+    The team store names its knowledge bases by the same rule.
+    """
+    return clean_name(name, what="a knowledge base name", max_len=80, forbid="/\\")
 
 
 class KnowledgeBase(KnowledgeBaseHandle):
@@ -275,6 +288,15 @@ class KnowledgeBase(KnowledgeBaseHandle):
         with self._lock:
             if self._fresh(gen):
                 return self._vectors, self._keywords
+        # Locks are always taken store first, then this knowledge base's: ``write`` holds the
+        # store lock when it asks for the indexes, so the other order could deadlock two threads
+        # of one host (an add catching up while another add writes).
+        with self.store.lock.hold(), self._lock:
+            gen = self.catalog.generation(self.id)
+            if gen is None:
+                raise KnowledgeBaseNotFound(f"knowledge base {self.record.name!r} was deleted")
+            if self._fresh(gen):
+                return self._vectors, self._keywords
             self._check_model()
             self.close()
             try:
@@ -284,8 +306,7 @@ class KnowledgeBase(KnowledgeBaseHandle):
                 self.close()
             if self._fresh(gen):
                 return self._vectors, self._keywords
-            with self.store.lock.hold():
-                self._repair()
+            self._repair()
             return self._vectors, self._keywords
 
     def _check_model(self) -> None:
@@ -385,21 +406,33 @@ class KnowledgeBase(KnowledgeBaseHandle):
             vi.save(gen)
 
     def _rebuild_vectors(self, gen: int) -> VectorIndex:
+        # Rows are streamed into arrays sized once: a rebuild holds the vectors once, not a list
+        # of them and then a stacked copy (an import of a big knowledge base ends here).
         vi = VectorIndex(self.vector_path, self.record.model, self.record.dim)
-        keys, vecs = [], []
+        n = self.catalog.db.execute("SELECT COUNT(*) FROM chunks WHERE kb_id = ?",
+                                    (self.id,)).fetchone()[0]
+        keys = np.empty(n, dtype=np.uint64)
+        vecs = np.empty((n, self.record.dim), dtype=np.float32)
+        got = 0
         for row in self.catalog.db.execute("SELECT vkey, vector FROM chunks WHERE kb_id = ?",
                                            (self.id,)):
-            keys.append(row[0])
-            vecs.append(blob_vector(row[1]))
-        if keys:
-            vi.upsert(np.array(keys, dtype=np.uint64), np.stack(vecs))
+            if got == n:
+                break
+            keys[got] = row[0]
+            vecs[got] = blob_vector(row[1])
+            got += 1
+        if got:
+            vi.upsert(keys[:got], vecs[:got])
         vi.save(gen)
         return vi
 
     def _rebuild_keywords(self, gen: int) -> KeywordIndex:
         ki = KeywordIndex.create(self.keyword_path)
-        rows = self.catalog.chunk_rows(self.id)
-        ki.write([(r["id"], passage_text(r["title"], r["text"])) for r in rows], [], gen)
+        rows = self.catalog.db.execute(
+            "SELECT c.id, c.text, s.title FROM chunks c JOIN sources s ON s.id = c.source_id "
+            "WHERE c.kb_id = ? ORDER BY c.rowid", (self.id,))
+        # A generator, not a list: the passages stream through Whoosh's writer.
+        ki.write(((r[0], passage_text(r[2], r[1])) for r in rows), [], gen)  # type: ignore[arg-type]
         return ki
 
     # -- writing ---------------------------------------------------------------
@@ -672,31 +705,53 @@ class KnowledgeBase(KnowledgeBaseHandle):
             (self.id,)).fetchone()[0]
         if over:
             report["problems"].append(f"{over} sources have more chunks than they should")
-        try:
-            vi = VectorIndex.load(self.vector_path, self.record.model, self.record.dim)
-            report["vector_index"] = {"count": len(vi), "generation": vi.generation}
-            keys_ok = all(vi.contains(r[0]) for r in rows)
-            if len(vi) != len(rows) or not keys_ok:
-                report["problems"].append(
-                    f"vector index holds {len(vi)} vectors, the catalogue {len(rows)} chunks")
-        except LocalKBError as err:
-            report["vector_index"] = {"error": str(err)}
-            report["problems"].append(f"vector index: {err}")
-        try:
-            ki = KeywordIndex.load(self.keyword_path)
-            report["keyword_index"] = {"count": ki.doc_count(), "generation": ki.generation}
-            if ki.doc_count() != len(rows):
-                report["problems"].append(
-                    f"keyword index holds {ki.doc_count()} passages, the catalogue {len(rows)}")
-            ki.close()
-        except LocalKBError as err:
-            report["keyword_index"] = {"error": str(err)}
-            report["problems"].append(f"keyword index: {err}")
         gen = report["generation"]
-        for name in ("vector_index", "keyword_index"):
-            if report[name].get("generation", gen) != gen:
-                report["problems"].append(f"{name.replace('_', ' ')} is at generation "
-                                          f"{report[name]['generation']}, the catalogue at {gen}")
+        pruned = self._pruned_through()
+        report["notes"] = []
+
+        def check(label: str, load: Callable[[], tuple[int, int, bool]]) -> None:
+            # An index behind a complete catalogue is not broken: every open catches it up from
+            # the change log (a kill between the commit and the index save leaves exactly that).
+            key = label.replace(" ", "_")
+            try:
+                count, generation, keys_ok = load()
+            except LocalKBError as err:
+                if not (self.keyword_path if "keyword" in label else self.vector_path).exists():
+                    report[key] = {"error": "missing"}
+                    report["notes"].append(f"{label} is missing: it is built on next use")
+                    return
+                report[key] = {"error": str(err)}
+                report["problems"].append(f"{label}: {err}")
+                return
+            report[key] = {"count": count, "generation": generation}
+            if generation != gen:
+                if pruned <= generation < gen:
+                    report["notes"].append(f"{label} is behind the catalogue (generation "
+                                           f"{generation} of {gen}): it catches up on next use")
+                else:
+                    report["problems"].append(f"{label} is at generation {generation}, the "
+                                              f"catalogue at {gen}")
+            elif count != len(rows) or not keys_ok:
+                report["problems"].append(
+                    f"{label} holds {count} entries, the catalogue {len(rows)} chunks")
+
+        def vectors() -> tuple[int, int, bool]:
+            vi = VectorIndex.load(self.vector_path, self.record.model, self.record.dim)
+            return len(vi), vi.generation, all(vi.contains(r[0]) for r in rows)
+
+        def keywords() -> tuple[int, int, bool]:
+            ki = KeywordIndex.load(self.keyword_path)
+            try:
+                return ki.doc_count(), ki.generation, True
+            finally:
+                ki.close()
+
+        check("vector index", vectors)
+        check("keyword index", keywords)
+        if repair and report["notes"] and not report["problems"]:
+            self.indexes()  # behind: catching up is the repair
+            report["repaired"] = True
+            report["problems_after_repair"] = self.health()["problems"]
         if repair and report["problems"]:
             with self.store.lock.hold():
                 self.close()
@@ -732,6 +787,21 @@ class LocalLegs(Legs):
 
     def keyword(self, terms: list[str], count: int) -> list[KeywordHit]:
         return self.ki.search(terms, count)
+
+    def doc_count(self) -> int:
+        return self.ki.doc_count()
+
+    def doc_frequency(self, term: str) -> int:
+        return self.ki.doc_frequency(term)
+
+    def phrase(self, terms: Sequence[str], limit: int = 1000) -> list[str]:
+        return self.ki.phrase(tuple(terms), limit)
+
+    def chunks_with(self, term: str, limit: int = 20_000) -> list[str]:
+        return self.ki.chunks_with(term, limit)
+
+    def sources_of(self, chunk_ids: Sequence[str]) -> dict[str, str]:
+        return self.kb.catalog.sources_of(self.kb.id, chunk_ids)
 
     def rows(self, keys: Sequence[int], qvec: np.ndarray | None) -> dict[int, PassageRow]:
         out = {}

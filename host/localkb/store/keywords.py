@@ -1,15 +1,14 @@
-"""The keyword side: a Whoosh BM25F index per knowledge base, and query terms.
+"""The keyword side: a Whoosh BM25F index per knowledge base.
 
-Code-like tokens (``ERR_4521``, ``v2.3``, ``e-mail``, ``SKU-88-A``) are indexed
-whole *and* as their parts, and a query asks for them only whole: ``ERR_4521``
-never matches a page about ``ERR_4512`` through a shared piece, while a
-query for ``mail`` still finds ``e-mail``. Plain words are lower-cased and
-Porter-stemmed; English, French and German stopwords are dropped.
+What a passage is indexed under (terms and positions) and what a query asks for come
+from ``analysis.py``, which knows no engine; this module only maps those terms onto
+Whoosh: an OR query scored by BM25F with the terms each hit matched, an adjacent-phrase
+query, and "which passages hold this term". Another engine implements the same four
+calls (``search``, ``phrase``, ``doc_frequency``, ``chunks_with``) on the same terms.
 """
 
 from __future__ import annotations
 
-import re
 import shutil
 import time
 from collections.abc import Iterable
@@ -17,81 +16,16 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from whoosh.analysis import Filter, RegexTokenizer
+from whoosh.analysis import Token, Tokenizer
 
 from localkb import __version__
 from localkb.atomic import read_json, write_json
 from localkb.errors import IndexUnavailable
+from localkb.store.analysis import analyze
 
-MAX_QUERY_TERMS = 12
-TOKEN_PATTERN = r"\w+(?:[-./:'’]\w+)*"  # noqa: S105 - a regex, not a password
-_TOKEN = re.compile(TOKEN_PATTERN, re.UNICODE)
-_JOINERS = re.compile(r"[-_./:'’]")
-
-
-@lru_cache(maxsize=1)
-def stopwords() -> frozenset[str]:
-    from whoosh.lang import stopwords_for_language
-
-    words: set[str] = set()
-    for lang in ("en", "fr", "de"):
-        words |= set(stopwords_for_language(lang))
-    return frozenset(words)
-
-
-@lru_cache(maxsize=100_000)
-def _stem(word: str) -> str:
-    from whoosh.lang.porter import stem
-
-    return stem(word)
-
-
-def is_code_like(token: str) -> bool:
-    """Anything that is not a plain alphabetic word: it must match as a whole."""
-    return not token.isalpha()
-
-
-def is_identifier(term: str) -> bool:
-    """An identifier (``err_4521``, ``v2.3``, ``sku-88-a``, ``il-6``): letters and digits, or an underscore.
-
-    Hyphenated words (``non-small``) and bare numbers are code-like but not identifiers.
-    """
-    return "_" in term or (any(c.isdigit() for c in term) and any(c.isalpha() for c in term))
-
-
-def normalize(token: str) -> str | None:
-    """The indexed form of one token: lower case, stemmed if a plain word; None if a stopword."""
-    low = token.lower()
-    if low in stopwords():
-        return None
-    if is_code_like(low):
-        return low
-    return _stem(low)
-
-
-@lru_cache(maxsize=200_000)
-def index_terms(token: str) -> tuple[str, ...]:
-    """Terms a document token is indexed under: the whole token first, then its parts."""
-    whole = normalize(token)
-    out = [whole] if whole else []
-    if _JOINERS.search(token):
-        for part in _JOINERS.split(token):
-            norm = normalize(part) if part else None
-            if norm and norm not in out:
-                out.append(norm)
-    return tuple(out)
-
-
-def query_terms(query: str) -> list[str]:
-    """Whole, normalised, de-duplicated query terms (at most 12); code-like terms never split."""
-    terms: list[str] = []
-    for token in _TOKEN.findall(query):
-        norm = normalize(token.strip("'’"))
-        if norm and norm not in terms:
-            terms.append(norm)
-        if len(terms) == MAX_QUERY_TERMS:
-            break
-    return terms
+#: What the saved index was analysed with; an index of another schema is rebuilt from the
+#: catalogue on open (2: positions, qualified suffixes, version terms).
+SCHEMA = 2
 
 
 @lru_cache(maxsize=1)
@@ -117,25 +51,28 @@ def _weighting():
     return LuceneIdfBM25F()
 
 
-class CompoundFilter(Filter):
-    """Whoosh filter emitting ``index_terms`` of each token (module level: Whoosh pickles it)."""
+class AnalysisTokenizer(Tokenizer):
+    """Whoosh tokens from ``analysis.analyze`` (module level: Whoosh pickles it with the schema)."""
 
-    def __call__(self, tokens):
-        for t in tokens:
-            for term in index_terms(t.text):
-                t.text = term
-                yield t
-
-
-def _analyzer():
-    return RegexTokenizer(TOKEN_PATTERN) | CompoundFilter()
+    def __call__(self, value, *, positions=False, chars=False, removestops=True, start_pos=0,
+                 start_char=0, mode="", **kwargs):
+        t = Token(positions, chars, removestops=removestops, mode=mode, **kwargs)
+        for term, pos in analyze(value):
+            t.text = term
+            t.boost = 1.0
+            t.stopped = False
+            if positions:
+                t.pos = start_pos + pos
+            if chars:  # not stored (the schema keeps no character offsets)
+                t.startchar = t.endchar = start_char
+            yield t
 
 
 def _schema():
     from whoosh.fields import ID, TEXT, Schema
 
     return Schema(chunk_id=ID(stored=True, unique=True),
-                  content=TEXT(analyzer=_analyzer(), phrase=False))
+                  content=TEXT(analyzer=AnalysisTokenizer(), phrase=True))
 
 
 @dataclass
@@ -180,6 +117,9 @@ class KeywordIndex:
         meta = read_json(folder.with_suffix(".json"))
         if meta is None or not folder.exists():
             raise IndexUnavailable(f"no keyword index at {folder.name}")
+        if meta.get("schema", 1) != SCHEMA:
+            raise IndexUnavailable(f"keyword index {folder.name} was analysed with schema "
+                                   f"{meta.get('schema', 1)}, not {SCHEMA}: it is rebuilt on open")
         try:
             ix = windex.open_dir(str(folder))
         except Exception as err:
@@ -215,7 +155,8 @@ class KeywordIndex:
             except Exception as err:
                 raise IndexUnavailable(f"keyword index update failed: {err}") from err
         try:
-            write_json(self.meta_path, {"generation": generation, "count": self.doc_count(),
+            write_json(self.meta_path, {"generation": generation, "schema": SCHEMA,
+                                        "count": self.doc_count(),
                                         "saved": time.time(), "localkb": __version__})
         except OSError as err:
             raise IndexUnavailable(f"keyword index {self.folder.name} could not be saved: {err}") from err
@@ -235,7 +176,7 @@ class KeywordIndex:
         return self._searcher
 
     def search(self, terms: list[str], limit: int) -> list[KeywordHit]:
-        """BM25F, any term may match (OR)."""
+        """BM25F, any term may match (OR), with the terms each hit holds."""
         from whoosh.query import Or, Term
 
         if not terms or limit <= 0:
@@ -250,15 +191,40 @@ class KeywordIndex:
         except Exception as err:
             raise IndexUnavailable(f"keyword search failed: {err}") from err
 
+    def phrase(self, terms: tuple[str, ...] | list[str], limit: int = 1000) -> list[str]:
+        """Chunk ids of passages holding ``terms`` at adjacent positions, in order (one term: holding it)."""
+        from whoosh.query import Phrase, Term
+
+        if not terms:
+            return []
+        query = Term("content", terms[0]) if len(terms) == 1 else Phrase("content", list(terms))
+        return self._chunk_ids(query, limit)
+
+    def chunks_with(self, term: str, limit: int = 20_000) -> list[str]:
+        """Chunk ids of (at most ``limit``) passages holding ``term``."""
+        from whoosh.query import Term
+
+        return self._chunk_ids(Term("content", term), limit)
+
+    def doc_frequency(self, term: str) -> int:
+        """How many passages hold ``term`` (0: none)."""
+        try:
+            return int(self.searcher().doc_frequency("content", term))
+        except Exception as err:
+            raise IndexUnavailable(f"keyword index lookup failed: {err}") from err
+
+    def _chunk_ids(self, query, limit: int) -> list[str]:
+        try:
+            s = self.searcher()
+            out = []
+            for docnum in s.docs_for_query(query):
+                out.append(s.stored_fields(docnum)["chunk_id"])
+                if len(out) >= limit:
+                    break
+            return out
+        except Exception as err:
+            raise IndexUnavailable(f"keyword search failed: {err}") from err
+
     def close(self) -> None:
         self._close_searcher()
         self.ix.close()
-
-
-def document_terms(text: str) -> list[tuple[str, int]]:
-    """(term, position) of every term the keyword index stores for ``text``, from the same analyser.
-
-    The team store builds its PostgreSQL ``tsvector`` from these, so both stores index
-    exactly the same terms (compounds whole and by their parts, stems, no stopwords).
-    """
-    return [(t.text, t.pos) for t in _analyzer()(text, positions=True)]

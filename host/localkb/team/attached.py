@@ -227,6 +227,20 @@ class Library(KnowledgeStore):
             save_attachments(self.local.root, self.teams)
         return out
 
+    def confirm_privacy(self) -> None:
+        """Before text may go to a model off this machine: each team's privacy settings as they are now.
+
+        The listing in ``teams.json`` may be older than an administrator's change from
+        ``cloud`` to ``device``; every team is asked again, and the knowledge bases of a team
+        that does not answer count as ``device`` for the rest of this process's view (the
+        gate then skips them; it never trusts a stale ``cloud``).
+        """
+        if not self.teams:
+            return
+        for team, res in zip(self.teams, self.refresh(), strict=True):
+            if not res["ok"]:
+                team.kbs = [{**k, "privacy": "device"} for k in team.kbs]
+
     def kbs(self) -> list[KBRecord]:
         return [*self.local.kbs(), *self.team_records()]
 

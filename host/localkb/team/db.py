@@ -47,12 +47,14 @@ class Database:
         from psycopg_pool import ConnectionPool
 
         from localkb.team.schema import check_server, migrate
+        from localkb.team.store import reanalyze
 
         self.url = url
         try:
             with psycopg.connect(url, connect_timeout=15) as conn:
                 self.server = check_server(conn)
                 self.applied = migrate(conn)
+                self.reanalyzed = reanalyze(conn)
         except psycopg.Error as err:
             raise mapped(err) from err
         self.pool = ConnectionPool(url, min_size=min_size, max_size=max_size, timeout=timeout,

@@ -132,6 +132,12 @@ CREATE TABLE reembed_staging (
     PRIMARY KEY (kb_id, chunk_id)
 );
 """),
+    (4, "database facts (the keyword analysis the tsvectors were written with)", """
+CREATE TABLE meta (
+    key text PRIMARY KEY,
+    value text NOT NULL
+);
+"""),
     # Numbered after the issue that added it, so the team server's own later migrations
     # (4, 5, ...) never collide with it; migrations run in this order whatever their numbers.
     (20, "team chat: query log, daily rate counters", """

@@ -14,10 +14,13 @@ scan (``hnsw.iterative_scan = relaxed_order``), so a filter that leaves few rows
 query still fills k; if the walk still returns fewer than asked, an exact filtered scan
 answers instead, and the trace says which path ran.
 
-Keyword leg: a ``tsvector`` of our own analyser's terms (``keywords.document_terms``, the
-'simple' lexemes written literally, positions kept) under a GIN index, queried with the
-same query terms as the local side; ranked by BM25 with Lucene's idf and Whoosh's
-defaults (k1 1.2, b 0.75), computed in SQL, so both stores rank keyword hits alike.
+Keyword leg: a ``tsvector`` of ``store.analysis``'s terms (``analyze``: the lexemes
+written literally, positions kept — PostgreSQL's own parser and dictionaries never run)
+under a GIN index, queried with the same ``QueryPlan`` terms as the local side; ranked by
+BM25 with Lucene's idf and Whoosh's defaults (k1 1.2, b 0.75), computed in SQL, so both
+stores rank keyword hits alike. The exact-term lookups (document frequency, adjacent
+phrase with ``<->``, passages holding a term) run on the same tsvector with the same
+filter, so a name held only above the user's clearance is missing for that user.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from localkb.errors import (
     SourceNotFound,
 )
 from localkb.ingest.chunk import passage_text
+from localkb.store.analysis import analyze
 from localkb.store.base import (
     Existing,
     KnowledgeBaseHandle,
@@ -52,7 +56,7 @@ from localkb.store.base import (
     SourceWrite,
 )
 from localkb.store.catalog import KBRecord, chunk_id, source_id, vector_key
-from localkb.store.keywords import KeywordHit, document_terms
+from localkb.store.keywords import KeywordHit
 from localkb.store.vectors import EXPANSION_PER_CANDIDATE, VectorHits
 from localkb.team.access import Access, require_admin
 from localkb.team.db import Database
@@ -77,7 +81,7 @@ def tsvector_literal(text: str) -> tuple[str, int]:
     """The ``tsvector`` of a passage (our terms with their positions) and its length in terms."""
     positions: dict[str, list[int]] = {}
     length = 0
-    for term, pos in document_terms(text):
+    for term, pos in analyze(text):
         length += 1
         if len(term.encode()) > MAX_LEXEME_BYTES:
             continue
@@ -91,6 +95,55 @@ def tsvector_literal(text: str) -> tuple[str, int]:
 
 def tsquery_literal(term: str) -> str:
     return _quote(term)
+
+
+#: Passages re-analysed per transaction by ``reanalyze``.
+REANALYZE_BATCH = 2000
+
+
+def reanalyze(conn) -> int:
+    """Rewrite every passage's tsvector if the database was written with another keyword analysis.
+
+    The local store rebuilds a Whoosh index analysed with another ``keywords.SCHEMA`` on
+    open; this is the team store's same step, run when the server connects (one server at
+    a time: the migrations' advisory lock). Each batch is one transaction; the knowledge
+    bases' generations are bumped at the end, so cached statistics are dropped. A database
+    without the fact (written before it was kept) counts as schema 1. Returns how many
+    passages were rewritten.
+    """
+    from localkb.store.keywords import SCHEMA
+
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(72190001)")
+        row = conn.execute("SELECT value FROM meta WHERE key = 'keyword_schema'").fetchone()
+        if row is not None and int(row[0]) == SCHEMA:
+            return 0
+        if not conn.execute("SELECT 1 FROM chunks LIMIT 1").fetchone():
+            conn.execute("INSERT INTO meta VALUES ('keyword_schema', %s) ON CONFLICT (key) "
+                         "DO UPDATE SET value = excluded.value", (str(SCHEMA),))
+            return 0
+    done, last = 0, ""
+    while True:
+        with conn.transaction():
+            rows = conn.execute(
+                "SELECT c.id, c.text, s.title FROM chunks c JOIN sources s ON s.id = c.source_id "
+                "WHERE c.id > %s ORDER BY c.id LIMIT %s", (last, REANALYZE_BATCH)).fetchall()
+            if not rows:
+                break
+            updates = []
+            for cid, text, title in rows:
+                tsv, length = tsvector_literal(passage_text(title, text))
+                updates.append((tsv, length, cid))
+            with conn.cursor() as cur:
+                cur.executemany("UPDATE chunks SET tsv = %s::tsvector, kw_len = %s WHERE id = %s", updates)
+            done += len(rows)
+            last = rows[-1][0]
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(72190001)")
+        conn.execute("UPDATE kbs SET generation = generation + 1")
+        conn.execute("INSERT INTO meta VALUES ('keyword_schema', %s) ON CONFLICT (key) "
+                     "DO UPDATE SET value = excluded.value", (str(SCHEMA),))
+    return done
 
 
 def _record(row: dict) -> KBRecord:
@@ -135,11 +188,14 @@ class TeamStore(KnowledgeStore):
         return _record(row) if row else None
 
     def resolve(self, ref: str) -> KBRecord:
+        import unicodedata
+
         if not isinstance(ref, str) or not ref or len(ref) > 200:
             raise InvalidInput("a knowledge base id or name is required")
+        name = unicodedata.normalize("NFC", ref)  # names are stored in NFC (check_name)
         with self.db.conn() as conn:
             rows = conn.execute("SELECT * FROM kbs WHERE id = %s OR lower(name) = lower(%s)",
-                                (ref, ref)).fetchall()
+                                (ref, name)).fetchall()
         for row in sorted(rows, key=lambda r: r["id"] != ref):
             if self.access.grant(row["id"]) is not None:
                 return _record(row)
@@ -691,13 +747,14 @@ class TeamLegs(Legs):
         return VectorHits(np.array([r["vkey"] for r in rows], dtype=np.uint64),
                           1.0 - np.array([r["d"] for r in rows], dtype=np.float32), exact)
 
-    def _idf(self, terms: list[str], n: int) -> list[float]:
-        """Lucene's idf of each term over the passages this user may see (cached per generation)."""
-        from math import log
-
+    def _df(self, terms: Sequence[str]) -> dict[str, int]:
+        """How many passages this user may see hold each term (cached per generation and level)."""
         key = ("df", self.kb_id, self.generation, self.level)
         known = {t: self.db.peek((*key, t)) for t in terms}
-        missing = [t for t, v in known.items() if v is None]
+        missing = [t for t, v in known.items() if v is None and len(t.encode()) <= MAX_LEXEME_BYTES]
+        for t in terms:
+            if len(t.encode()) > MAX_LEXEME_BYTES:
+                known[t] = 0  # never indexed (PostgreSQL's lexeme limit), so held by none
         if missing:
             with self.db.conn() as conn:
                 rows = conn.execute(
@@ -709,7 +766,48 @@ class TeamLegs(Legs):
             for r in rows:
                 known[r["term"]] = int(r["df"])
                 self.db.put((*key, r["term"]), int(r["df"]))
-        return [log(1 + (n - known[t] + 0.5) / (known[t] + 0.5)) for t in terms]
+        return known
+
+    def _idf(self, terms: list[str], n: int) -> list[float]:
+        """Lucene's idf of each term over the passages this user may see."""
+        from math import log
+
+        df = self._df(terms)
+        return [log(1 + (n - df[t] + 0.5) / (df[t] + 0.5)) for t in terms]
+
+    def doc_count(self) -> int:
+        return self._stats()[0]
+
+    def doc_frequency(self, term: str) -> int:
+        return self._df([term])[term]
+
+    def _ids(self, tsquery: str, limit: int) -> list[str]:
+        """Ids of visible passages matching a tsquery (in id order, at most ``limit``)."""
+        with self.db.conn() as conn:
+            ids = [r["id"] for r in conn.execute(
+                "SELECT id FROM chunks WHERE kb_id = %s AND access_level <= %s AND tsv @@ %s::tsquery "
+                "ORDER BY id LIMIT %s", (self.kb_id, self.level, tsquery, int(limit)))]
+        self.trace["exact_lookups"] = self.trace.get("exact_lookups", 0) + 1
+        return ids
+
+    def phrase(self, terms: Sequence[str], limit: int = 1000) -> list[str]:
+        if not terms or limit <= 0 or any(len(t.encode()) > MAX_LEXEME_BYTES for t in terms):
+            return []
+        # <-> is "followed by": each term at the position after the previous one's.
+        return self._ids(" <-> ".join(tsquery_literal(t) for t in terms), limit)
+
+    def chunks_with(self, term: str, limit: int = 20_000) -> list[str]:
+        if limit <= 0 or len(term.encode()) > MAX_LEXEME_BYTES:
+            return []
+        return self._ids(tsquery_literal(term), limit)
+
+    def sources_of(self, chunk_ids: Sequence[str]) -> dict[str, str]:
+        if not chunk_ids:
+            return {}
+        with self.db.conn() as conn:
+            return {r["id"]: r["source_id"] for r in conn.execute(
+                "SELECT id, source_id FROM chunks WHERE kb_id = %s AND access_level <= %s "
+                "AND id = ANY(%s)", (self.kb_id, self.level, list(chunk_ids)))}
 
     def keyword(self, terms: list[str], count: int) -> list[KeywordHit]:
         n, avgdl = self._stats()

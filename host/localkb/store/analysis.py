@@ -1,0 +1,280 @@
+"""What a text is indexed under, and what a query asks for — independent of any engine.
+
+Every keyword engine (Whoosh here; tantivy and PostgreSQL tsvectors can take the same
+data) indexes the ``(term, position)`` pairs of ``analyze`` and answers the ``QueryPlan``
+of ``plan_query``. Nothing in this module knows an engine: terms and phrases are plain
+strings and tuples.
+
+Indexing a text:
+
+- a plain word is lower-cased and Porter-stemmed; English, French and German stopwords
+  give no term but still take a position (so ``Task is done`` is not the phrase ``task done``);
+- a code-like token (anything not purely alphabetic: ``ERR_4521``, ``e-mail``,
+  ``asyncio.Task.done``) gives its whole lower-cased form, its qualified suffixes
+  (``task.done``: the parts after each ``.``, ``:`` or ``/``), each at the position where
+  it starts, and its parts (``asyncio``, ``task``, ``done``), one position each, so the
+  parts can be matched as an adjacent phrase;
+- a version (``v2.3``, ``V2.3``, or a dotted number ``2.3``, as in "version 2.3") gives the
+  one term ``v2.3``; ``2.3.1`` gives ``v2.3.1`` and never ``v2.3``;
+- a call signature in text (``Task.done()``, ``os.replace(src, dst)``) indexes its name:
+  parentheses are never part of a token.
+
+Asking: plain words are OR-ed and scored by BM25. Exact terms (identifier-shaped tokens,
+``is_exact_token``) are asked whole first; a knowledge base with no whole match backs off
+to the alternatives of ``ExactTerm.backoff``: qualified suffixes and the parts as an
+adjacent phrase, the dropped qualifier required elsewhere on the same page — never the
+loose parts alone, so ``ERR_4521`` never matches ``ERR_4512`` and ``SKU-88-A`` never
+``SKU-88-B``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+MAX_QUERY_TERMS = 12
+#: A token: word characters joined by single hyphens, dots, slashes, colons or apostrophes.
+TOKEN_PATTERN = r"\w+(?:[-./:'’]\w+)*"  # noqa: S105 - a regex, not a password
+TOKEN = re.compile(TOKEN_PATTERN, re.UNICODE)
+_JOINERS = re.compile(r"[-_./:'’]")
+#: Qualifier separators: what splits ``asyncio.Task.done`` into ``asyncio``, ``Task``, ``done``.
+_QUALIFIERS = re.compile(r"[./:]")
+_VERSION = re.compile(r"^[vV]?(\d+(?:\.\d+)+)$")
+_CAMEL = re.compile(r"[a-z][A-Z]")
+#: Qualified names with more components than this are paths or URLs: suffixes stop here.
+MAX_COMPONENTS = 6
+
+
+@lru_cache(maxsize=1)
+def stopwords() -> frozenset[str]:
+    from whoosh.lang import stopwords_for_language
+
+    words: set[str] = set()
+    for lang in ("en", "fr", "de"):
+        words |= set(stopwords_for_language(lang))
+    return frozenset(words)
+
+
+@lru_cache(maxsize=100_000)
+def stem(word: str) -> str:
+    from whoosh.lang.porter import stem as porter
+
+    return porter(word)
+
+
+def is_code_like(token: str) -> bool:
+    """Anything that is not a plain alphabetic word: it must match as a whole."""
+    return not token.isalpha()
+
+
+def is_identifier(term: str) -> bool:
+    """An identifier (``err_4521``, ``v2.3``, ``sku-88-a``, ``il-6``): letters and digits, or an underscore.
+
+    Hyphenated words (``non-small``) and bare numbers are code-like but not identifiers.
+    """
+    return "_" in term or (any(c.isdigit() for c in term) and any(c.isalpha() for c in term))
+
+
+def version_term(token: str) -> str | None:
+    """``v2.3`` for ``v2.3``, ``V2.3`` and ``2.3``; None for anything that is not a dotted version."""
+    m = _VERSION.match(token)
+    return f"v{m.group(1)}" if m else None
+
+
+def is_qualified_name(token: str) -> bool:
+    """``asyncio.Task.done``, ``tomllib.dumps``, ``pg_trgm.similarity_threshold``; not ``e.g`` or ``U.S``."""
+    parts = [p for p in _QUALIFIERS.split(token) if p]
+    return (len(parts) >= 2 and sum(len(p) >= 2 for p in parts) >= 2
+            and any(not p.isdigit() for p in parts))
+
+
+def is_exact_token(token: str, *, shouting: bool = False) -> bool:
+    """Whether a query token, as typed, names something that must be matched exactly.
+
+    Identifiers (letters with digits, or an underscore), versions, qualified names, and
+    words whose case marks them as names: ``camelCase`` and ALL-CAPS of four letters or
+    more (``PYTHONHASHSEED``), the latter unless the whole query is in capitals
+    (``shouting``). Hyphenated words and bare numbers are not: ``e-mail``, ``8008``.
+    """
+    if version_term(token):
+        return True
+    if token.isalpha():
+        if _CAMEL.search(token):
+            return True
+        return not shouting and len(token) >= 4 and token.isupper()
+    low = token.lower()
+    return is_identifier(low) or is_qualified_name(token)
+
+
+def normalize(token: str, *, keep_stopwords: bool = False) -> str | None:
+    """The indexed form of one token: lower case, stemmed if a plain word; None if a stopword."""
+    low = token.lower()
+    if not keep_stopwords and low in stopwords():
+        return None
+    if is_code_like(low):
+        return version_term(low) or low
+    return stem(low)
+
+
+def _parts(token: str) -> list[str]:
+    """The atoms of a code-like token, normalised (stopwords kept: they are part of a name)."""
+    out = []
+    for part in _JOINERS.split(token):
+        norm = normalize(part, keep_stopwords=True) if part else None
+        if norm:
+            out.append(norm)
+    return out
+
+
+def components(token: str) -> list[str]:
+    """The qualified components of a name as typed: ``asyncio.Task.done`` -> asyncio, Task, done."""
+    return [p for p in _QUALIFIERS.split(token) if p]
+
+
+def component_starts(token: str) -> list[int]:
+    """Where each qualified component of ``token`` starts (0 first)."""
+    return [0] + [m.end() for m in _QUALIFIERS.finditer(token)]
+
+
+@lru_cache(maxsize=200_000)
+def token_terms(token: str) -> tuple[tuple[tuple[str, int], ...], int]:
+    """Terms of one token with offsets from its first position, and how many positions it takes."""
+    whole = normalize(token)
+    if whole is None:
+        return (), 1
+    if not is_code_like(token.lower()) or version_term(token):
+        return ((whole, 0),), 1
+    parts = _parts(token)
+    if len(parts) <= 1:
+        return ((whole, 0),), 1
+    terms: list[tuple[str, int]] = [(whole, 0)]
+    starts = component_starts(token)
+    if 3 <= len(starts) <= MAX_COMPONENTS:
+        offset = 0
+        for i in range(1, len(starts) - 1):
+            offset += len(_parts(token[starts[i - 1] : starts[i]]))
+            terms.append((token[starts[i] :].lower(), offset))
+    terms.extend((part, i) for i, part in enumerate(parts))
+    return tuple(terms), len(parts)
+
+
+def analyze(text: str) -> list[tuple[str, int]]:
+    """Every ``(term, position)`` a text is indexed under, in order."""
+    out: list[tuple[str, int]] = []
+    pos = 0
+    for token in TOKEN.findall(text):
+        terms, width = token_terms(token)
+        out.extend((t, pos + off) for t, off in terms)
+        pos += width
+    return out
+
+
+def index_terms(token: str) -> tuple[str, ...]:
+    """Terms a document token is indexed under: the whole token first, then suffixes and parts."""
+    seen: list[str] = []
+    for t, _ in token_terms(token)[0]:
+        if t not in seen:
+            seen.append(t)
+    return tuple(seen)
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """One back-off form of an exact term: adjacent terms in order, on a page that holds ``context``."""
+
+    phrase: tuple[str, ...]
+    context: tuple[str, ...] = ()
+    label: str = ""
+
+    def to_dict(self) -> dict:
+        return {"phrase": list(self.phrase), "context": list(self.context), "label": self.label}
+
+
+@dataclass(frozen=True)
+class ExactTerm:
+    """An exact term of a query: as typed, its whole indexed form, and its back-off forms."""
+
+    text: str
+    term: str
+    backoff: tuple[Alternative, ...] = ()
+
+
+@dataclass(frozen=True)
+class QueryPlan:
+    """What a query asks for: the OR-ed terms (exact wholes included) and its exact terms."""
+
+    terms: tuple[str, ...]
+    exact: tuple[ExactTerm, ...]
+
+    def to_dict(self) -> dict:
+        return {"terms": list(self.terms),
+                "exact": [{"text": e.text, "term": e.term,
+                           "backoff": [a.to_dict() for a in e.backoff]} for e in self.exact]}
+
+
+def _qualifier_terms(comps: list[str]) -> tuple[str, ...]:
+    out: list[str] = []
+    for c in comps:
+        norm = normalize(c, keep_stopwords=True)
+        if norm and norm not in out:
+            out.append(norm)
+    return tuple(out)
+
+
+def backoff(token: str) -> tuple[Alternative, ...]:
+    """The back-off forms of an exact term, most specific first (none for versions and plain words).
+
+    ``asyncio.Task.done``: the phrase ``asyncio task done``; the suffix ``task.done`` and the
+    phrase ``task done``, each on a page that also holds ``asyncio``. A suffix that is a
+    single plain word (``dumps`` of ``tomllib.dumps``) is a loose part and never used.
+    """
+    if version_term(token) or token.isalpha():
+        return ()
+    parts = _parts(token)
+    out: list[Alternative] = []
+    # The parts as a phrase: ``ERR 4521`` for ``ERR_4521``; not for words joined by ``_`` or
+    # ``-`` alone, whose parts in a row are ordinary prose ("sync replication slot" is not
+    # ``sync_replication_slots``, and the stemmed parts could not tell ``slot`` from ``slots``).
+    if len(parts) >= 2 and (any(c.isdigit() for c in token) or len(component_starts(token)) > 1):
+        out.append(Alternative(tuple(parts), (), " ".join(_JOINERS.split(token))))
+    starts = component_starts(token)
+    if 2 <= len(starts) <= MAX_COMPONENTS:
+        for i in range(1, len(starts)):
+            suffix = token[starts[i] :]
+            if len(starts) - i == 1 and not is_code_like(suffix.lower()):
+                break  # a loose part
+            context = _qualifier_terms(components(token[: starts[i] - 1]))
+            out.append(Alternative((suffix.lower(),), context, suffix))
+            sparts = _parts(suffix)
+            if len(sparts) >= 2:
+                out.append(Alternative(tuple(sparts), context, " ".join(_JOINERS.split(suffix))))
+    unique: list[Alternative] = []
+    for alt in out:
+        if alt.phrase not in {a.phrase for a in unique}:
+            unique.append(alt)
+    return tuple(unique)
+
+
+def plan_query(query: str) -> QueryPlan:
+    """Whole, normalised, de-duplicated query terms (at most 12) and the exact ones among them."""
+    shouting = not any(c.islower() for c in query)
+    terms: list[str] = []
+    exact: list[ExactTerm] = []
+    for raw in TOKEN.findall(query):
+        token = raw.strip("'’")
+        norm = normalize(token)
+        if not norm:
+            continue
+        if is_exact_token(token, shouting=shouting) and norm not in {e.term for e in exact}:
+            exact.append(ExactTerm(token, norm, backoff(token)))
+        if norm not in terms:
+            terms.append(norm)
+        if len(terms) == MAX_QUERY_TERMS:
+            break
+    return QueryPlan(tuple(terms), tuple(exact))
+
+
+def query_terms(query: str) -> list[str]:
+    """Whole, normalised, de-duplicated query terms (at most 12); code-like terms never split."""
+    return list(plan_query(query).terms)
