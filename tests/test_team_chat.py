@@ -30,7 +30,7 @@ from localkb.team.client import TeamClient
 from localkb.team.guard import Policy, check_output
 from localkb.team.limits import Caps, RateLimiter
 from localkb.team.server import TeamAPI
-from test_team import HOLIDAY, SALARY, _start
+from test_team import HOLIDAY, SALARY, _start, seed_acme
 
 QUESTION = "How many days of paid holiday do staff get?"
 
@@ -51,21 +51,7 @@ def _make(team_db, settings, tmp_path, **chat) -> SimpleNamespace:
                         **chat)
     api = TeamAPI(team_db, settings, name="acme", chat=config)
     httpd, _ = _start(api)
-    d = api.directory
-    kb = api.system.create_kb("Handbook", privacy="device", default_access=1)
-    d.add_role("staff", "internal")
-    d.add_role("execs", "secret")
-    d.add_user("alice", roles=["staff"])
-    d.add_user("bob", roles=["execs"])
-    d.add_user("carol", roles=["staff"])
-    d.add_user("root", admin=True)
-    d.grant("staff", kb.id)
-    d.grant("execs", kb.id, write=True)
-    tokens = {u: d.create_token(u)["token"] for u in ("alice", "bob", "carol", "root")}
-    with TeamClient(httpd.url, tokens["bob"]) as bob:
-        holiday = bob.add(kb.id, title=HOLIDAY[0], text=HOLIDAY[1], url="https://intranet/holiday")
-        salary = bob.add(kb.id, title=SALARY[0], text=SALARY[1], url="https://intranet/salaries",
-                         access="secret")
+    kb, tokens, holiday, salary = seed_acme(api, httpd.url, more_staff=("carol",))
     return SimpleNamespace(url=httpd.url, api=api, kb=kb, tokens=tokens, llm=llm, httpd=httpd,
                            holiday=holiday, salary=salary,
                            client=lambda user: TeamClient(httpd.url, tokens[user]))
@@ -260,8 +246,10 @@ def test_daily_caps_per_user_and_per_address_refuse_with_the_reset_time(make_tea
     with httpx.Client(base_url=team.url, trust_env=False) as http:
         resp = http.post("/v1/chat", json={"kbs": [team.kb.id], "message": QUESTION},
                          headers={"Authorization": f"Bearer {team.tokens['alice']}"})
-    assert resp.status_code == 429 and int(resp.headers["Retry-After"]) == detail["retry_after_s"]
-    assert resp.json()["error"]["code"] == "rate_limited"
+    refused = resp.json()["error"]
+    assert resp.status_code == 429 and refused["code"] == "rate_limited"
+    assert int(resp.headers["Retry-After"]) == refused["detail"]["retry_after_s"] > 0
+    assert refused["detail"]["reset_at"] == detail["reset_at"]
     # the address cap (all clients here are 127.0.0.1): 2 of 4 used (a refusal takes no slot)
     with team.client("bob") as bob, team.client("carol") as carol:
         bob.chat([team.kb.id], QUESTION)
