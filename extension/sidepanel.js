@@ -652,8 +652,10 @@ function historyBefore(upTo) {
 /**
  * Ask (or ask again) a question, streaming the answer into the conversation.
  * @param {string} message
- * @param {{weakerKbs?: string[], replace?: number, keepAfter?: boolean, continueFrom?: string}} [options]
- *   replace: index of the turn to answer again; continueFrom: the stopped answer to continue
+ * @param {{weakerKbs?: string[], replace?: number, keepAfter?: boolean, continueFrom?: string, continueKbs?: string[]}} [options]
+ *   replace: index of the turn to answer again; continueFrom: the stopped answer to continue,
+ *   continueKbs: its provenance (the host's `provenance` event); without it the host treats the
+ *   text as device only
  */
 async function ask(message, options = {}) {
   if (state.asking) return;
@@ -698,7 +700,10 @@ async function ask(message, options = {}) {
   if (endpoint) data.endpoint = endpoint;
   else if (state.endpoints.length) data.extractive = true; // chosen; without endpoints the host says so itself
   if (turn.weakerKbs?.length) data.use_weaker_matches = turn.weakerKbs;
-  if (prefix) data.continue_from = prefix;
+  if (prefix) {
+    data.continue_from = prefix;
+    if (Array.isArray(options.continueKbs)) data.continue_kbs = options.continueKbs;
+  }
   // Asking the same turn again wants a new answer, not the cached one.
   if (options.replace !== undefined) data.regenerate = true;
   try {
@@ -716,6 +721,10 @@ async function ask(message, options = {}) {
           stepsByKb.set(payload.kb, li);
           block.summary.textContent = `Searching… ${stepsByKb.size} of ${kbs.length} done`;
           renderAlerts(block, [...stepsByKb.keys()].map((k) => stepsByKb.get(k).__status), turn, index);
+        } else if (event === "provenance") {
+          // Every knowledge base that reached the prompt, sent before the first token: a turn
+          // stopped mid-stream keeps it, so its text goes on only where the gate allows.
+          if (Array.isArray(payload?.kbs)) turn.sourceKbs = payload.kbs;
         } else if (event === "token") {
           streamed += payload?.text ?? "";
           // Markdown is re-rendered at most once per frame while the answer grows.
@@ -836,7 +845,7 @@ function renderFinal(block, turn, index) {
     actions.push(el("button", { type: "button", class: "link", text: "Copy", "aria-label": "Copy this answer", onclick: (/** @type {Event} */ e) => copyText(turn.answer ?? "", /** @type {HTMLElement} */ (e.target)) }));
   }
   if (turn.stopped && turn.answer && turn.endpoint) {
-    actions.push(el("button", { type: "button", class: "link", text: "Continue", "aria-label": "Continue this answer", onclick: () => ask(turn.message, { replace: index, continueFrom: turn.answer, weakerKbs: turn.weakerKbs }) }));
+    actions.push(el("button", { type: "button", class: "link", text: "Continue", "aria-label": "Continue this answer", onclick: () => ask(turn.message, { replace: index, continueFrom: turn.answer, continueKbs: turn.sourceKbs, weakerKbs: turn.weakerKbs }) }));
   }
   actions.push(el("button", { type: "button", class: "link", text: "Regenerate", "aria-label": "Ask this question again", onclick: () => ask(turn.message, { replace: index }) }));
   setChildren(block.actions, ...actions);

@@ -1212,7 +1212,7 @@ def test_allow_access_asks_for_the_failing_site_only(browser, saved, pages, kbs)
     panel.close()
 
 
-def test_regenerate_edit_and_stop_then_continue(browser, saved, endpoints, fake_llm):
+def test_regenerate_edit_and_stop_then_continue(browser, saved, kbs, endpoints, fake_llm):
     panel = _panel_for(browser, "local", {"Docs"})
     _ask(panel, "What does ERR_1200 mean?")
     answer = _last_answer(panel)
@@ -1238,6 +1238,13 @@ def test_regenerate_edit_and_stop_then_continue(browser, saved, endpoints, fake_
     second.locator(".stopped").wait_for()
     partial = second.locator(".answer").inner_text().strip()
     assert partial and "Stopped before the answer was finished." in second.inner_text()
+    # The stopped turn keeps the provenance the host announced before its first token, and
+    # Continue sends it back (a turn without it would count as device only).
+    stored = panel.evaluate("""async () => {
+        const {currentChat: id} = await chrome.storage.local.get("currentChat");
+        const {["chat:" + id]: chat} = await chrome.storage.local.get("chat:" + id);
+        return chat.turns.at(-1); }""")
+    assert stored["stopped"] and stored["sourceKbs"] == [kbs["docs"]["id"]], stored
     _shots(panel, "stopped")
     second.get_by_role("button", name="Continue this answer").click()
     panel.wait_for_selector('body[data-asking="false"]')

@@ -144,7 +144,10 @@ def test_the_answer_line_says_how_the_answer_came_about(store, case):
     ("http://[::ffff:127.0.0.1]/v1", None),
     ("http://127\uff0e0\uff0e0\uff0e1/v1", None),
     ("http://127.0.0.1:11434/v1", "device"),
-    ("https://api.example.com/v1", "cloud"),
+    # Decided by address (issue 14): a public address is cloud; a name that does not resolve
+    # cannot be placed, so it is null ("unknown (treated as cloud)"), whatever it is called.
+    ("https://203.0.113.7/v1", "cloud"),
+    ("https://api.example.invalid/v1", None),
 ])
 def test_config_check_returns_the_gates_own_verdict(settings, url, location):
     """The options page labels an unsaved row with this; it must be the gate's answer exactly."""

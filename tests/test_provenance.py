@@ -169,3 +169,76 @@ def test_cli_chat_switching_the_default_to_a_cloud_model_mid_chat_never_sends_th
     assert len(cloudy.requests) == 2, "the cloud model was asked to rewrite and to answer"
     assert "simmer the tomatoes" in sent
     assert CANARY not in sent
+
+
+# --------------------------------------------------------------------------- continuing a stopped answer
+# A stopped answer is text a model wrote from a prompt; continuing it sends that text back to a
+# model. It carries the provenance of the prompt it came from (the host says it in a
+# ``provenance`` event before the first token, so a stopped turn knows it too), and the gate
+# decides whether the model asked to continue may read it: unknown provenance is device only.
+
+
+def _stopped_partial(host: HostProcess, rid: int, kbs: list[str], message: str) -> tuple[str, list]:
+    """A chat turn on the device model, with the events it streamed (as a stopped turn keeps them)."""
+    host.send({"id": rid, "type": "chat", "data": {
+        "kbs": kbs, "message": message, "history": [], "endpoint": "local"}})
+    *messages, reply = host.until_reply(rid, timeout=300)
+    events = [(m["event"], m.get("data")) for m in messages]
+    assert reply["ok"], reply
+    return reply["result"]["answer"], events
+
+
+def test_host_a_stopped_device_answer_is_never_continued_by_a_cloud_model(home):
+    with (FakeLLM(reply_fn=_device_model) as local, FakeLLM(reply_fn=_cloud_model) as cloudy,
+          HostProcess(HOST, home=home) as host):
+        _configure(home, local, cloudy)
+        answer, events = _stopped_partial(host, 1, ["Diary", "Recipes"], Q1)
+        assert CANARY in answer
+        partial = answer[: answer.index(CANARY) + len(CANARY)]
+        said = [d["kbs"] for e, d in events if e == "provenance"]
+        replies = []
+        # With the provenance the host announced, and without any (unknown: device only).
+        for rid, extra in ((2, {"continue_kbs": said[0]} if said else {}), (3, {})):
+            replies.append(host.request({"id": rid, "type": "chat", "data": {
+                "kbs": ["Recipes"], "message": Q2, "history": [], "endpoint": "cloudy",
+                "continue_from": partial, **extra}}, timeout=300))
+        sent = _received(cloudy)
+    assert CANARY not in sent
+    for reply in replies:
+        assert not reply["ok"] and reply["error"]["code"] == "privacy_blocked", reply
+        assert "Diary" in reply["error"]["message"] or "unknown" in reply["error"]["message"]
+
+
+def test_host_announces_a_turns_provenance_before_its_first_token(home):
+    with (FakeLLM(reply_fn=_device_model) as local, FakeLLM(reply_fn=_cloud_model) as cloudy,
+          HostProcess(HOST, home=home) as host):
+        _configure(home, local, cloudy)
+        diary_id = json.loads(run_cli(["kb", "list", "--json"], home).stdout)["knowledge_bases"][0]["id"]
+        _, events = _stopped_partial(host, 1, ["Diary", "Recipes"], Q1)
+    names = [e for e, _ in events]
+    assert "provenance" in names and "token" in names, names
+    assert names.index("provenance") < names.index("token")
+    said = events[names.index("provenance")][1]["kbs"]
+    assert diary_id in said  # what a turn stopped mid-stream carries as its ``kbs``
+
+
+def test_host_a_stopped_cloud_answer_continues_on_the_cloud_model_with_its_provenance(home):
+    with (FakeLLM(reply_fn=_device_model) as local, FakeLLM(reply_fn=_cloud_model) as cloudy,
+          HostProcess(HOST, home=home) as host):
+        _configure(home, local, cloudy)
+        recipes_id = json.loads(run_cli(["kb", "list", "--json"], home).stdout)["knowledge_bases"][1]["id"]
+        partial = "Tomato soup simmers for"
+        result = _chat_extra(host, 1, ["Recipes"], Q2, "cloudy",
+                             {"continue_from": partial, "continue_kbs": [recipes_id]})
+        sent = _received(cloudy)
+    assert partial in sent  # allowed: it came from a cloud knowledge base
+    assert result["answer"].startswith(partial)
+    assert recipes_id in result["kbs"]
+
+
+def _chat_extra(host: HostProcess, rid: int, kbs: list[str], message: str, endpoint: str,
+                extra: dict) -> dict:
+    reply = host.request({"id": rid, "type": "chat", "data": {
+        "kbs": kbs, "message": message, "history": [], "endpoint": endpoint, **extra}}, timeout=300)
+    assert reply["ok"], reply
+    return reply["result"]

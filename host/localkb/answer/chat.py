@@ -40,7 +40,7 @@ import numpy as np
 
 from localkb.answer.llm import DEFAULT_TIMEOUTS, Endpoint, Timeouts, ToolCall, stream_chat, stream_chat_events
 from localkb.answer.privacy import GateResult, Placement, allowed_knowledge_bases, locate
-from localkb.errors import Cancelled, InvalidInput, LLMUnavailable, LocalKBError
+from localkb.errors import Cancelled, InvalidInput, LLMUnavailable, LocalKBError, PrivacyBlocked
 from localkb.retrieval.search import Hit, KBStatus, Reranker, Searcher, names_phrase, summary_line
 from localkb.store.analysis import TOKEN_PATTERN, stopwords
 from localkb.store.base import KnowledgeStore as Store
@@ -87,6 +87,8 @@ _SAVE_INTENT = re.compile(
 
 StepFn = Callable[[dict], None]
 TokenFn = Callable[[str], None]
+#: Gets the turn's provenance (knowledge-base ids) before its first token.
+ProvenanceFn = Callable[[list[str]], None]
 #: True writes, False declines, None: no answer in time (expired).
 ConfirmFn = Callable[[dict], bool | None]
 
@@ -150,6 +152,9 @@ class ChatOptions:
     continue_from: str = ""
     #: Whether ``add_to_knowledge_base`` may be offered (the team server never offers it).
     tools: bool = True
+    #: The provenance of ``continue_from`` (the ``provenance`` event of the stopped turn);
+    #: None: unknown, so device only. It passes the gate as a history turn does.
+    continue_kbs: tuple[str, ...] | None = None
 
 
 # --------------------------------------------------------------------------- follow-ups
@@ -307,7 +312,7 @@ class _Unknown:
     """An assistant turn that does not say which knowledge bases it drew on: device only."""
 
     id: str = UNKNOWN_PROVENANCE
-    name: str = "an earlier answer"
+    name: str = "an unknown or deleted knowledge base"
     privacy: str = "device"
 
 
@@ -324,17 +329,44 @@ def gated_history(store: Store | None, endpoint: Endpoint | None, turns: Sequenc
     provenance: set[str] = set()
     for turn in turns:
         if turn.role == "assistant":
-            refs: list[Any] = []
-            for kb_id in turn.kbs or ():
-                rec = store.record(kb_id) if store is not None else None
-                refs.append(rec or _Unknown(id=kb_id))
-            if turn.kbs is None:
-                refs.append(_Unknown())
+            refs = _provenance_refs(store, turn.kbs)
             if allowed_knowledge_bases(endpoint, refs, placement=placement).skipped:
                 continue
             provenance.update(str(r.id) for r in refs)
         out.append({"role": turn.role, "content": turn.content})
     return out, provenance
+
+
+def _provenance_refs(store: Store | None, kbs: Sequence[str] | None) -> list[Any]:
+    """The knowledge bases a model's text drew on, as the gate sees them (unknown: device)."""
+    refs: list[Any] = []
+    for kb_id in kbs or ():
+        rec = store.record(kb_id) if store is not None else None
+        refs.append(rec or _Unknown(id=kb_id))
+    if kbs is None:
+        refs.append(_Unknown())
+    return refs
+
+
+def gate_continuation(store: Store | None, endpoint: Endpoint | None, options: ChatOptions,
+                      placement: Placement | None = None) -> set[str]:
+    """The provenance of a stopped answer that ``endpoint`` is asked to continue.
+
+    The unfinished text goes back into the prompt, so it passes the gate as an earlier answer
+    does; unlike a history turn it cannot be left out (there would be nothing to continue), so
+    a refusal raises ``PrivacyBlocked`` naming what it drew on, before anything is sent.
+    """
+    if not options.continue_from or endpoint is None:
+        return set()
+    refs = _provenance_refs(store, options.continue_kbs)
+    skipped = allowed_knowledge_bases(endpoint, refs, placement=placement).skipped
+    if skipped:
+        names = names_phrase([s.kb.name for s in skipped])
+        raise PrivacyBlocked(
+            f"The stopped answer was written from {names}, which may not reach {endpoint.name} "
+            f"({skipped[0].reason}); continue it with an on-device model, or ask again.",
+            detail={"field": "continue_from", "kbs": [str(s.kb.id) for s in skipped]})
+    return {str(r.id) for r in refs}
 
 
 # --------------------------------------------------------------------------- prompt
@@ -742,7 +774,7 @@ def _run_tool(store: Store, call: ToolCall, *, offered: bool, targets: Sequence[
     out["approved"] = answer is True
     if answer is None:
         return {**out, "status": "expired",
-                "reason": f"no answer within {CONFIRM_TIMEOUT_S:g} s: nothing was written"}
+                "reason": "not confirmed in time: nothing was written"}
     if answer is not True:
         return {**out, "status": "declined", "reason": "not confirmed: nothing was written"}
     from localkb.ingest.pipeline import add_capture
@@ -787,11 +819,14 @@ def run_turn(
     confirm: ConfirmFn | None = None,
     cancel: threading.Event | None = None,
     scope: tuple = (),
+    on_provenance: ProvenanceFn | None = None,
 ) -> ChatResult:
     """Answer ``message`` from the knowledge bases ``kb_refs`` (ids or names); see the module doc.
 
     ``endpoint=None`` answers extractively. ``on_step`` gets each knowledge base's status dict
-    as its search finishes, ``on_token`` the answer's text as it streams, ``confirm`` each
+    as its search finishes, ``on_provenance`` the ids of every knowledge base that reached the
+    prompt before the first token (so an answer stopped mid-stream knows its provenance), ``on_token``
+    the answer's text as it streams, ``confirm`` each
     ``add_to_knowledge_base`` request (``True`` writes). Raises ``PrivacyBlocked`` (strict),
     ``KnowledgeBaseNotFound``, ``InvalidInput``, ``Cancelled``; a model that fails falls back
     to the extractive answer and says so.
@@ -832,6 +867,7 @@ def run_turn(
                                                placement=placement)
     allowed: list[KBRecord] = list(gate.allowed)  # type: ignore[arg-type]
     skipped = [(s.kb.id, s.kb.name, s.reason) for s in gate.skipped]
+    continued = gate_continuation(store, endpoint, options, placement)
     _cancelled(cancel)
 
     rewrite = rewrite_query(message, history, endpoint, store, timeout=options.rewrite_timeout,
@@ -893,6 +929,8 @@ def run_turn(
             for status in result.statuses:
                 if on_step is not None:
                     on_step(status)
+            if on_provenance is not None:
+                on_provenance(result.kbs)
             if on_token is not None and result.answer:
                 on_token(result.answer)
             result.trace = trace
@@ -963,7 +1001,7 @@ def run_turn(
     # save something: that needs the model whatever the search found.
     # What reached a prompt of this turn, and so what its answer may restate: the rewrite's
     # history, then the chat prompt's passages and history (added below).
-    provenance = set(rewrite.provenance)
+    provenance = set(rewrite.provenance) | continued
     if endpoint is not None and (passages or (tools_offered and targets)):
         prompt_history, sent = gated_history(store, endpoint, list(history)[-HISTORY_TURNS:],
                                              placement)
@@ -973,6 +1011,8 @@ def run_turn(
             unavailable=[s.kb_name for s in unavailable], history=prompt_history,
             rewritten=query, tools_offered=tools_offered and bool(targets),
             partial=options.continue_from)
+        if on_provenance is not None:
+            on_provenance(sorted(provenance | {h.kb for h in passages}))
         t0 = time.perf_counter()
         calls: list[ToolCall] = []
         try:

@@ -391,12 +391,17 @@ def h_chat(data: dict, ctx) -> dict:
     else:
         weaker_kbs = ()
         weaker = req_bool(data, "use_weaker_matches")
+    # A stopped answer to continue is an assistant turn like any in the history: its
+    # ``continue_kbs`` (the stopped turn's ``provenance`` event) is validated the same way.
+    partial = req_str(data, "continue_from", required=False, max_len=32_000) or ""
+    continued = parse_history([{"role": "assistant", "content": partial,
+                                "kbs": data.get("continue_kbs")}])[0] if partial else None
     options = ChatOptions(k=req_int(data, "k", 8, lo=1, hi=50), use_weaker_matches=weaker,
                           weaker_kbs=weaker_kbs, strict=req_bool(data, "strict"), kind="chat",
                           no_model_reason="you chose no model" if extractive
                           else "no model is configured",
-                          continue_from=req_str(data, "continue_from", required=False,
-                                                max_len=32_000) or "")
+                          continue_from=partial,
+                          continue_kbs=continued.kbs if continued is not None else None)
     from localkb.team.relay import relay_turn, team_of_turn
 
     # Every knowledge base on one team, no model chosen here: the team server answers
@@ -433,7 +438,8 @@ def h_chat(data: dict, ctx) -> dict:
                       cache=None if req_bool(data, "regenerate") else cache,
                       on_step=lambda s: ctx.emit("step", s),
                       on_token=lambda t: ctx.emit("token", {"text": t}), confirm=confirm,
-                      cancel=ctx.cancelled)
+                      cancel=ctx.cancelled,
+                      on_provenance=lambda kbs: ctx.emit("provenance", {"kbs": kbs}))
     return result.to_dict()
 
 

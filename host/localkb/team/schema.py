@@ -11,8 +11,10 @@ partial on ``dim``) and a ``tsvector`` of our own analyser's terms under a GIN i
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import psycopg
+if TYPE_CHECKING:  # the LEVELS are read without the team extra (the CLI's parser lists them)
+    import psycopg
 
 #: Access levels, lowest first. A role's clearance is one of them; a passage is visible to a
 #: role granted its knowledge base when its level is at or below the role's clearance.
