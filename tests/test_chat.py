@@ -641,7 +641,8 @@ def test_host_chat_streams_steps_and_tokens_before_a_reply_with_citations(settin
             msgs = host.until_reply(1)
     events = [m["event"] for m in msgs[:-1]]
     assert events[:2] == ["step", "step"] and events.count("step") == 2
-    assert set(events[2:]) == {"token"}  # every step before the first token
+    # every step before the first token, then the turn's provenance (main's f486161), then tokens
+    assert events[2] == "provenance" and set(events[3:]) == {"token"}, events
     assert [m["data"]["line"] for m in msgs[:2]] == [
         msgs[0]["data"]["line"], "Notes · empty"] and msgs[0]["data"]["line"].startswith("Docs · ")
     tokens = "".join(m["data"]["text"] for m in msgs if m.get("event") == "token")
