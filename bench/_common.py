@@ -9,8 +9,10 @@ import statistics
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# shared/ sits beside the checkout (or beside the folder of worktrees); SCIFACT overrides.
-SCIFACT = Path(os.environ["SCIFACT"]) if os.environ.get("SCIFACT") else next(
+# shared/ sits beside the checkout (or beside the folder of worktrees); SCIFACT (or
+# LOCALKB_SCIFACT) overrides.
+_GIVEN = os.environ.get("SCIFACT") or os.environ.get("LOCALKB_SCIFACT")
+SCIFACT = Path(_GIVEN) if _GIVEN else next(
     (p / "shared" / "datasets" / "beir-scifact" for p in (REPO.parent, REPO.parent.parent)
      if (p / "shared").is_dir()), REPO.parent / "shared" / "datasets" / "beir-scifact")
 

@@ -19,6 +19,20 @@ the two stores within a run, not absolute figures across runs.
 
 Ingest: N SciFact abstracts added over the HTTP API (extract, chunk, embed, write on the
 server) against the same abstracts added to a local store, interleaved; passages/s.
+
+Team chat (``--chat N``): N SciFact claims asked over ``POST /v1/chat`` against 300 real
+abstracts (real model, real PostgreSQL), the model a loopback server speaking the OpenAI
+protocol that answers at once (tests/fakellm.py: the generation cost of a real model is NOT
+in these figures, so the ratio understates what a hit saves). Each round asks every claim
+afresh (``regenerate``: the full pipeline) and then again (an exact-tier hit), interleaved.
+
+Semantic threshold (``--threshold``): cosines of the real model over SciFact claim pairs that
+the SciFact authors tied to the same evidence sentences of the same abstract, split by the
+authors' labels: both SUPPORT or both CONTRADICT (same verdict: the closest thing to a
+paraphrase in that set, though most are different claims) vs one SUPPORT and one
+CONTRADICT (a claim and its negation: serving one's answer for the other is a wrong
+answer), beside random claim pairs. For each threshold: the share of each class a
+semantic cache would serve.
 """
 
 from __future__ import annotations
@@ -171,20 +185,26 @@ def bench_size(n: int, *, rounds: int, queries: list[str], db_url: str | None, s
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def serve_one_writer(team, settings: Settings, kb_name: str, *, chat=None):
+    """A knowledge base, one user cleared to everything who may write it, and a server on loopback."""
+    rec = team.create_kb(kb_name)
+    d = Directory(team.db)
+    d.add_role("w", "secret")
+    d.add_user("writer", roles=["w"])
+    d.grant("w", rec.id, write=True)
+    token = d.create_token("writer")["token"]
+    httpd = TeamServer(TeamAPI(team.db, settings, name="bench", chat=chat), "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return rec, token, httpd
+
+
 def bench_ingest(n: int, *, db_url: str | None, settings: Settings, rounds: int) -> None:
     print(f"\n== ingest: {n} SciFact abstracts, real model, over the API vs a local store ==")
     docs = scifact_docs(limit=n * rounds)
     tmp = Path(tempfile.mkdtemp(prefix="localkb-bench-ingest-"))
     try:
         with throwaway_team_store(db_url) as team:
-            rec = team.create_kb("ingest")
-            d = Directory(team.db)
-            d.add_role("w", "secret")
-            d.add_user("writer", roles=["w"])
-            d.grant("w", rec.id, write=True)
-            token = d.create_token("writer")["token"]
-            httpd = TeamServer(TeamAPI(team.db, settings, name="bench"), "127.0.0.1", 0)
-            threading.Thread(target=httpd.serve_forever, daemon=True).start()
+            rec, token, httpd = serve_one_writer(team, settings, "ingest")
             local = Store(replace(settings, data_dir=tmp / "local"))
             local.create_kb("ingest")
             lkb = local.open_kb("ingest")
@@ -210,15 +230,112 @@ def bench_ingest(n: int, *, db_url: str | None, settings: Settings, rounds: int)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def bench_chat(n: int, *, db_url: str | None, settings: Settings, rounds: int) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from fakellm import FakeLLM
+    from localkb.answer.llm import Endpoint
+    from localkb.team.chat import ChatConfig
+    from localkb.team.limits import Caps
+
+    print(f"\n== team chat: {n} claims, full pipeline vs exact-cache hit, {rounds} rounds ==")
+    docs = scifact_docs(limit=300)
+    questions = claims(n)
+    with throwaway_team_store(db_url) as team, FakeLLM(reply="See [1].") as llm:
+        config = ChatConfig(endpoint=Endpoint("bench", llm.base_url, "fake"), caps=Caps(0, 0))
+        rec, token, httpd = serve_one_writer(team, settings, "chat", chat=config)
+        from localkb.ingest.seam import add_capture
+
+        kb = team.open_kb(rec.id)
+        for x in docs:
+            add_capture(kb, url=f"https://bench/{x['_id']}", title=x["title"], text=x["text"],
+                        captured_by="api")
+        with TeamClient(httpd.url, token) as client:
+            for q in questions:  # fill the cache (and warm both paths)
+                client.chat([rec.id], q)
+            full_p50, hit_p50 = [], []
+            for r in range(rounds):
+                full, hit = [], []
+                for q in questions:
+                    t0 = time.perf_counter()
+                    client.chat([rec.id], q, regenerate=True)
+                    full.append((time.perf_counter() - t0) * 1000)
+                    t0 = time.perf_counter()
+                    out = client.chat([rec.id], q)
+                    hit.append((time.perf_counter() - t0) * 1000)
+                    assert out["cached"] == "exact", out["cached"]
+                full_p50.append(pct(full, 0.5))
+                hit_p50.append(pct(hit, 0.5))
+                print(f"  round {r + 1}: full answer p50 {full_p50[-1]:7.1f} ms p95 {pct(full, 0.95):7.1f} | "
+                      f"exact hit p50 {hit_p50[-1]:6.1f} ms p95 {pct(hit, 0.95):6.1f} | "
+                      f"ratio {full_p50[-1] / hit_p50[-1]:5.1f}x")
+        print(f"  over rounds (min/median/max): full p50 {min(full_p50):.1f}/"
+              f"{statistics.median(full_p50):.1f}/{max(full_p50):.1f} ms; hit p50 {min(hit_p50):.1f}/"
+              f"{statistics.median(hit_p50):.1f}/{max(hit_p50):.1f} ms")
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def threshold_pairs() -> dict[str, list[tuple[str, str]]]:
+    """SciFact claim pairs by the authors' evidence links and labels (see the module doc)."""
+    import itertools
+    import json
+    import random
+
+    rows = [json.loads(line) for line in (SCIFACT / "queries.jsonl").open()]
+    groups: dict[tuple, list[tuple[str, str]]] = {}
+    for q in rows:
+        for doc, evidence in (q.get("metadata") or {}).items():
+            for ev in evidence:
+                groups.setdefault((doc, tuple(ev["sentences"])), []).append((q["text"], ev["label"]))
+    same: set[tuple[str, str]] = set()
+    negated: set[tuple[str, str]] = set()
+    for items in groups.values():
+        for (ta, la), (tb, lb) in itertools.combinations(items, 2):
+            if ta != tb:
+                (same if la == lb else negated).add(tuple(sorted((ta, tb))))
+    rng = random.Random(0)
+    texts = sorted({q["text"] for q in rows})
+    rand = [tuple(rng.sample(texts, 2)) for _ in range(1000)]
+    return {"same verdict": sorted(same), "negation": sorted(negated), "random": rand}
+
+
+def bench_threshold(settings: Settings) -> None:
+    from localkb.embedding.embedder import EmbedderRegistry
+
+    print("\n== semantic cache threshold: cosines of the real model on SciFact claim pairs ==")
+    reg = EmbedderRegistry(settings)
+    model = reg.get(reg.spec(settings.default_model).id)
+    cos = {}
+    for name, pairs in threshold_pairs().items():
+        a = model.embed([p[0] for p in pairs])
+        b = model.embed([p[1] for p in pairs])
+        cos[name] = np.sum(a * b, axis=1)
+        q = np.percentile(cos[name], [5, 25, 50, 75, 95])
+        print(f"  {name:12s} {len(pairs):5d} pairs  cosine p5 {q[0]:.3f} p25 {q[1]:.3f} "
+              f"median {q[2]:.3f} p75 {q[3]:.3f} p95 {q[4]:.3f} max {cos[name].max():.3f}")
+    print("  threshold | share served: same verdict | negation (wrong answer) | random")
+    for t in (0.80, 0.85, 0.90, 0.92, 0.95, 0.97, 0.98, 0.99):
+        print(f"  {t:9.2f} | {float((cos['same verdict'] >= t).mean()):26.3f} | "
+              f"{float((cos['negation'] >= t).mean()):23.3f} | {float((cos['random'] >= t).mean()):6.3f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sizes", type=int, nargs="+", default=[30_000, 300_000])
+    ap.add_argument("--sizes", type=int, nargs="*", default=[30_000, 300_000],
+                    help="passage counts to search (none: skip)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--queries", type=int, default=100)
     ap.add_argument("--ingest", type=int, default=60, help="abstracts per ingest round (0: skip)")
     ap.add_argument("--db", default=None, help="a PostgreSQL URL (default: an embedded cluster)")
+    ap.add_argument("--chat", type=int, default=50, help="claims per team-chat round (0: skip)")
+    ap.add_argument("--threshold", action=argparse.BooleanOptionalAction, default=True,
+                    help="print the semantic-cache threshold measurement")
     args = ap.parse_args()
     settings = Settings.from_env()
+    if args.threshold:
+        bench_threshold(settings)
+    if args.chat:
+        bench_chat(args.chat, db_url=args.db, settings=settings, rounds=args.rounds)
     queries = claims(args.queries)
     print("hybrid search, k=10, one knowledge base; the machine is shared, so read ratios")
     for n in args.sizes:

@@ -47,26 +47,34 @@ def team(team_db, settings):
     api = TeamAPI(team_db, settings, name="acme", max_json_bytes=2 * 1024 * 1024,
                   max_import_bytes=4 * 1024 * 1024)
     httpd, _ = _start(api)
+    kb, tokens, holiday, salary = seed_acme(api, httpd.url)
+    yield SimpleNamespace(url=httpd.url, api=api, kb=kb, tokens=tokens, holiday=holiday, salary=salary,
+                          client=lambda user: TeamClient(httpd.url, tokens[user]))
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def seed_acme(api: TeamAPI, url: str, *, more_staff: tuple[str, ...] = ()):
+    """Handbook (new sources internal); alice in staff (internal), bob in execs (secret, may
+    write), root an admin; bob adds the holiday page (internal) and the salary bands (secret)."""
     d = api.directory
     kb = api.system.create_kb("Handbook", privacy="device", default_access=1)
     d.add_role("staff", "internal")
     d.add_role("execs", "secret")
-    d.add_user("alice", roles=["staff"])
+    for user in ("alice", *more_staff):
+        d.add_user(user, roles=["staff"])
     d.add_user("bob", roles=["execs"])
     d.add_user("root", admin=True)
     d.grant("staff", kb.id)
     d.grant("execs", kb.id, write=True)
-    tokens = {u: d.create_token(u)["token"] for u in ("alice", "bob", "root")}
-    bob = TeamClient(httpd.url, tokens["bob"])
-    holiday = bob.add(kb.id, title=HOLIDAY[0], text=HOLIDAY[1], url="https://intranet/holiday")
-    salary = bob.add(kb.id, title=SALARY[0], text=SALARY[1], url="https://intranet/salaries", access="secret")
+    tokens = {u: d.create_token(u)["token"] for u in ("alice", "bob", "root", *more_staff)}
+    with TeamClient(url, tokens["bob"]) as bob:
+        holiday = bob.add(kb.id, title=HOLIDAY[0], text=HOLIDAY[1], url="https://intranet/holiday")
+        salary = bob.add(kb.id, title=SALARY[0], text=SALARY[1], url="https://intranet/salaries",
+                         access="secret")
     assert holiday["status"] == salary["status"] == "added"
     assert holiday["access"] == "internal" and salary["access"] == "secret"
-    yield SimpleNamespace(url=httpd.url, api=api, kb=kb, tokens=tokens, holiday=holiday, salary=salary,
-                          client=lambda user: TeamClient(httpd.url, tokens[user]))
-    bob.close()
-    httpd.shutdown()
-    httpd.server_close()
+    return kb, tokens, holiday, salary
 
 
 def _chunk_ids(team_db, source_id: str) -> set[str]:

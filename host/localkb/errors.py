@@ -211,3 +211,15 @@ class Cancelled(LocalKBError):
     """The operation was cancelled; the store is as it was before it started."""
 
     code = "cancelled"
+
+
+class RateLimited(LocalKBError):
+    """A daily cap of the team server was reached; ``detail`` says which, and when it resets."""
+
+    code = "rate_limited"
+
+
+class GuardrailBlocked(LocalKBError):
+    """The team server's input or output checks refused a chat turn; ``detail.rule`` says which."""
+
+    code = "guardrail_blocked"

@@ -150,6 +150,8 @@ class ChatOptions:
     #: An answer stopped part-way, to be continued (streamed tokens are the continuation;
     #: the result's ``answer`` is the whole text).
     continue_from: str = ""
+    #: Whether ``add_to_knowledge_base`` may be offered (the team server never offers it).
+    tools: bool = True
     #: The provenance of ``continue_from`` (the ``provenance`` event of the stopped turn);
     #: None: unknown, so device only. It passes the gate as a history turn does.
     continue_kbs: tuple[str, ...] | None = None
@@ -500,7 +502,12 @@ class AnswerCache:
     boundary or outlive a change to a knowledge base: after a change the key is different.
     """
 
-    def __init__(self, max_entries: int = 512, max_semantic: int = 64) -> None:
+    def __init__(self, max_entries: int = 512, max_semantic: int = 64,
+                 threshold: float = SEMANTIC_MIN_COSINE) -> None:
+        if not 0.0 < threshold <= 1.0:
+            raise InvalidInput("the semantic cache threshold is a cosine from 0 (exclusive) to 1")
+        #: The cosine at or above which an earlier question's answer is served (see DESIGN).
+        self.threshold = float(threshold)
         self._exact: OrderedDict[tuple, dict] = OrderedDict()
         self._semantic: OrderedDict[tuple, list[tuple[np.ndarray, dict]]] = OrderedDict()
         self._max = max_entries
@@ -522,7 +529,7 @@ class AnswerCache:
                 cos = float(np.dot(vec, vector))
                 if cos > best_cos:
                     best, best_cos = result, cos
-            if best is not None and best_cos >= SEMANTIC_MIN_COSINE:
+            if best is not None and best_cos >= self.threshold:
                 return copy.deepcopy(best), "semantic", round(best_cos, 6)
             return None, None, round(best_cos, 6) if best is not None else None
 
@@ -644,7 +651,8 @@ def wants_to_save(message: str) -> bool:
 
 
 def _citation(n: int, hit: Hit) -> dict:
-    return {"n": n, "kb": hit.kb, "kb_name": hit.kb_name, "title": hit.title, "url": hit.url,
+    return {"n": n, "kb": hit.kb, "kb_name": hit.kb_name, "chunk_id": hit.chunk_id,
+            "source_id": hit.source_id, "title": hit.title, "url": hit.url,
             "file_name": hit.file_name, "chunk_index": hit.chunk_index,
             "chunk_count": hit.chunk_count, "page": hit.page, "score": hit.score,
             "cosine": hit.cosine, "weaker": not hit.relevant, "text": hit.text}
@@ -810,6 +818,7 @@ def run_turn(
     on_token: TokenFn | None = None,
     confirm: ConfirmFn | None = None,
     cancel: threading.Event | None = None,
+    scope: tuple = (),
     on_provenance: ProvenanceFn | None = None,
 ) -> ChatResult:
     """Answer ``message`` from the knowledge bases ``kb_refs`` (ids or names); see the module doc.
@@ -821,6 +830,10 @@ def run_turn(
     ``add_to_knowledge_base`` request (``True`` writes). Raises ``PrivacyBlocked`` (strict),
     ``KnowledgeBaseNotFound``, ``InvalidInput``, ``Cancelled``; a model that fails falls back
     to the extractive answer and says so.
+
+    ``scope`` joins every cache key: the team server passes the asking user's access set,
+    so an answer is never served across access sets. The query is embedded at most once
+    per model, for the semantic cache and every knowledge base's vector leg alike.
     """
     started = time.perf_counter()
     if not isinstance(message, str) or not message.strip():
@@ -862,7 +875,7 @@ def run_turn(
     query = rewrite.query
     _cancelled(cancel)
 
-    tools_offered = endpoint is not None and wants_to_save(message)
+    tools_offered = options.tools and endpoint is not None and wants_to_save(message)
     trace: dict[str, Any] = {
         "kind": options.kind, "message": message, "rewritten_query": query,
         "rewrite": rewrite.to_dict(), "model": model,
@@ -880,17 +893,21 @@ def run_turn(
         location,
         None if endpoint is None else (endpoint.name, endpoint.base_url, endpoint.model,
                                        endpoint.mark_cloud),
-        options.k, options.use_weaker_matches, weaker_ids,
+        options.k, options.use_weaker_matches, weaker_ids, tuple(scope),
     )
     qvec = None
+    # The query's embeddings by model: filled once, read by the semantic cache and by every
+    # knowledge base's vector leg (Searcher's query_vectors).
+    query_vectors: dict[str, Any] = {}
     if cache is not None and not tools_offered and not options.continue_from:
         hit, how, cos = cache.get(query, parts, None)
         if hit is None:
             # Only a miss pays for the query embedding that the semantic cache compares.
             t0 = time.perf_counter()
             try:
-                qvec = store.models.get(store.settings.default_model).embed(
-                    [normalise_query(query)])[0]
+                model_id = store.models.spec(store.settings.default_model).id
+                qvec = store.models.get(model_id).embed([query])[0]
+                query_vectors[model_id] = qvec
             except LocalKBError:
                 qvec = None  # no semantic cache without an embedder; the exact one still works
             trace["cache"]["embed_ms"] = _ms(t0)
@@ -934,7 +951,8 @@ def run_turn(
                 on_step(status.to_dict())
     for rec in allowed:
         _cancelled(cancel)
-        res = searcher.search([rec.id], query, k=options.k, rerank=reranker is not None)
+        res = searcher.search([rec.id], query, k=options.k, rerank=reranker is not None,
+                              query_vectors=query_vectors)
         search_trace.setdefault("kbs", {}).update(res.trace.get("kbs", {}))
         hits += res.hits
         weaker += res.weaker
@@ -949,6 +967,9 @@ def run_turn(
     weaker = weaker[: options.k]
     passages = (hits + chosen_weaker)[: options.k]
     stages, candidates = _stage_totals(search_trace, [r.id for r in allowed])
+    stages["embed"] = round(stages["embed"] + trace["cache"].get("embed_ms", 0.0), 3)
+    reranked = {kb_id: t["rerank"] for kb_id, t in search_trace.get("kbs", {}).items()
+                if "rerank" in t}
     unavailable = [s for s in statuses if s.status == "unavailable"]
     notes = [f"{name} was not searched: {reason}." for _, name, reason in skipped]
     notes += [f"The search of {s.kb_name} did not run, so this answer says nothing about what it "
@@ -1056,7 +1077,8 @@ def run_turn(
     trace.update(
         statuses=status_dicts,
         stages_ms={"rewrite": rewrite.ms, **stages, "generate": generate_ms},
-        candidates=candidates, passages=len(passages), weaker_available=len(weaker),
+        candidates=candidates, rerank=reranked, passages=len(passages),
+        weaker_available=len(weaker),
         generated=generated, removed_citations=removed, ungrounded=ungrounded,
         tool_calls=[{k: v for k, v in c.items() if k != "report"} for c in tool_calls],
         answered_at=time.time(), total_ms=_ms(started))

@@ -402,6 +402,28 @@ def h_chat(data: dict, ctx) -> dict:
                           else "no model is configured",
                           continue_from=partial,
                           continue_kbs=continued.kbs if continued is not None else None)
+    from localkb.team.relay import relay_turn, team_of_turn
+
+    # Every knowledge base on one team, no model chosen here: the team server answers
+    # (its model, caches, caps, guardrails, query log) and its stream is relayed as it comes.
+    team = None if extractive or name else team_of_turn(store, kbs)
+    if team is not None:
+        emitted: list[str] = []
+
+        def relayed(event: str, payload: dict) -> None:
+            emitted.append(event)
+            ctx.emit(event, payload)
+
+        try:
+            return relay_turn(store, team, kbs, message, history=data.get("history"), k=options.k,
+                              regenerate=req_bool(data, "regenerate"), emit=relayed,
+                              cancel=ctx.cancelled)
+        except LocalKBError as err:
+            # A server without team chat (an older one: no such endpoint) or one that cannot
+            # be reached before anything was relayed: answered here instead, where an
+            # unreachable team is an ``unavailable`` step, never "nothing found".
+            if emitted or err.code not in ("not_found", "team_unavailable"):
+                raise
     cache, confirmations = _chat_shared()
     timeout = store.settings.confirm_timeout_s
 

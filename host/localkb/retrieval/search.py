@@ -343,6 +343,7 @@ class Reranker:
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(512)
         self.inputs = {i.name for i in self.session.get_inputs()}
+        self.name = Path(model_path).name
 
     def scores(self, query: str, passages: Sequence[str]) -> np.ndarray:
         if not passages:
@@ -377,7 +378,9 @@ class Searcher:
     def search(self, kb_refs: Sequence[str], query: str, *, k: int = 8, mode: str = "hybrid",
                cutoff: float | None = None, rerank: bool = False, floor: bool = True,
                per_source: int | None = None,
-               skipped: Sequence[tuple[str, str, str]] = ()) -> SearchResult:
+               skipped: Sequence[tuple[str, str, str]] = (),
+               query_vectors: dict[str, np.ndarray | EmbeddingUnavailable] | None = None,
+               ) -> SearchResult:
         """Search each knowledge base separately and merge, keeping where each hit came from.
 
         ``skipped`` carries (kb id, name, reason) for knowledge bases the privacy
@@ -386,6 +389,9 @@ class Searcher:
         ``per_source=N`` keeps at most N passages of any one source (its best ones), so
         k hits name up to k different pages: "which pages say this" rather than "which
         passages". The lists behind it are fetched and fused exactly as without it.
+        ``query_vectors`` (model id -> the query's embedding) is shared with the caller: a
+        vector already there is used as it is, and each one computed here is left in it, so
+        a chat turn embeds its query once for its semantic cache and every knowledge base.
         """
         if mode not in MODES:
             raise InvalidInput(f"mode must be one of {', '.join(MODES)}")
@@ -402,7 +408,7 @@ class Searcher:
         plan = plan_query(query)
         result = SearchResult(query=query, mode=mode, cutoff=cutoff, terms=list(plan.terms),
                               exact_terms=[e.text for e in plan.exact])
-        qcache: dict[str, np.ndarray | EmbeddingUnavailable] = {}
+        qcache = {} if query_vectors is None else query_vectors
         started = time.perf_counter()
         for ref in kb_refs:
             status, hits = self._search_one(ref, query, plan=plan, k=k, mode=mode,
@@ -492,8 +498,15 @@ class Searcher:
             top = hits[: self.reranker.top]
             for h, s in zip(top, self.reranker.scores(query, [h.text for h in top]), strict=True):
                 h.rerank_score = float(s)
+            before = {h.chunk_id: n for n, h in enumerate(top, start=1)}
             hits = sorted(top, key=lambda h: h.rerank_score, reverse=True) + hits[self.reranker.top :]
             t["rerank_ms"] = _ms(t0)
+            # What the cross-encoder did, for the query log and the pipeline view: each passage
+            # it scored with its place before (fused order) and after (its score's order).
+            t["rerank"] = {"scored": len(top), "model": self.reranker.name, "order": [
+                {"chunk_id": h.chunk_id, "title": h.title, "before": before[h.chunk_id],
+                 "after": n, "score": round(h.rerank_score, 4)}
+                for n, h in enumerate(hits[: len(top)], start=1)]}
         if per_source is not None:
             # A source's relevant passages come before its weaker ones (sorted is stable).
             hits = best_per_source(sorted(hits, key=lambda h: not h.relevant), per_source)

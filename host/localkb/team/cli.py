@@ -122,8 +122,57 @@ def cmd_serve(args, out) -> int:
         print(f"localkb team server {args.name!r} listening on {url} (database: {where})", flush=True)
 
     serve(args.db or os.environ.get("LOCALKB_TEAM_DB"), team_dir=_team_dir(args), host=args.host,
-          port=args.port, name=args.name, settings=_settings(), ready=ready, stop=stop)
+          port=args.port, name=args.name, settings=_settings(), ready=ready, stop=stop,
+          chat=chat_config(args), rerank_model=args.rerank_model)
     print("localkb team server stopped", flush=True)
+    return 0
+
+
+def chat_config(args):
+    """Team chat's configuration from ``team serve``'s flags."""
+    from localkb.answer.llm import Endpoint
+    from localkb.team.chat import ChatConfig
+    from localkb.team.guard import Policy
+    from localkb.team.limits import Caps
+
+    endpoint = None
+    if args.llm_url:
+        if not args.llm_model:
+            raise InvalidInput("--llm-url needs --llm-model")
+        endpoint = Endpoint("team", args.llm_url, args.llm_model, api_key_env=args.llm_key_env,
+                            mark_cloud=args.llm_cloud)
+    policy = (Policy.from_file(Path(args.deny_list), max_chars=args.max_chars) if args.deny_list
+              else Policy(max_chars=args.max_chars))
+    if args.semantic_threshold is not None and not 0.0 < args.semantic_threshold <= 1.0:
+        raise InvalidInput("--semantic-threshold is a cosine from 0 (exclusive) to 1")
+    return ChatConfig(endpoint=endpoint, caps=Caps(args.daily_cap_user, args.daily_cap_address),
+                      policy=policy, semantic_threshold=args.semantic_threshold)
+
+
+def cmd_log(args, out) -> int:
+    from localkb.team.access import Access
+    from localkb.team.querylog import QueryLog
+
+    with admin_database(args) as db:
+        qlog = QueryLog(db)
+        if args.action == "export":
+            body = qlog.export(Access.system(), args.format, user=args.user)
+            if args.output:
+                Path(args.output).write_bytes(body)
+                out.emit({"written": args.output, "bytes": len(body)},
+                         f"wrote {len(body):,} bytes to {args.output}")
+            else:
+                sys.stdout.write(body.decode())
+            return 0
+        rows, total = qlog.list(Access.system(), user=args.user, limit=args.limit)
+    lines = [f"{total} queries logged" + (f" by {args.user}" if args.user else "")]
+    for r in rows:
+        stages = " ".join(f"{k} {v:.0f}" for k, v in r["stages"].items() if v)
+        code = f" {r['error_code']}" if r["error_code"] else ""
+        lines.append(f"#{r['id']} {r['user']} {r['outcome']}{code}"
+                     f"{' cache:' + r['cache'] if r['cache'] else ''} · {r['query'][:60]!r} · "
+                     f"{len(r['citations'])} citations · {r['total_ms']:.0f} ms ({stages})")
+    out.emit({"queries": rows, "total": total}, "\n".join(lines))
     return 0
 
 
@@ -306,7 +355,30 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
     c.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     c.add_argument("--port", type=int, default=8765)
     c.add_argument("--name", default="team", help="the team's name, shown beside its knowledge bases")
+    c.add_argument("--llm-url", default=None, help="team chat's model: an OpenAI-compatible API root "
+                   "(default: none, answers quote the passages)")
+    c.add_argument("--llm-model", default=None, help="the model name sent to --llm-url")
+    c.add_argument("--llm-key-env", default=None, help="environment variable holding its API key")
+    c.add_argument("--llm-cloud", action="store_true",
+                   help="treat --llm-url as cloud even on loopback (a proxy to a cloud model)")
+    c.add_argument("--rerank-model", default=None,
+                   help="a cross-encoder ONNX file (tokenizer.json beside it) for the top 50")
+    c.add_argument("--daily-cap-user", type=int, default=500,
+                   help="chat requests per user per UTC day (0: off)")
+    c.add_argument("--daily-cap-address", type=int, default=2000,
+                   help="chat requests per client address per UTC day (0: off)")
+    c.add_argument("--deny-list", default=None, help="a file of refused phrases or `name: regex` lines")
+    c.add_argument("--max-chars", type=int, default=4000, help="longest chat message accepted")
+    c.add_argument("--semantic-threshold", type=float, default=None,
+                   help="serve a cached answer to a question this close (cosine); default off (see README)")
     c.set_defaults(func=cmd_serve)
+    c = ts.add_parser("log", parents=[common, db], help="the team chat query log: list or export")
+    c.add_argument("action", choices=["list", "export"])
+    c.add_argument("--user", default=None, help="only this user's queries")
+    c.add_argument("--limit", type=int, default=20)
+    c.add_argument("--format", choices=["jsonl", "csv"], default="jsonl")
+    c.add_argument("--output", "-o", default=None, help="export to this file (default: stdout)")
+    c.set_defaults(func=cmd_log)
 
     user = ts.add_parser("user", help="add, remove and list users")
     us = user.add_subparsers(dest="action", required=True)

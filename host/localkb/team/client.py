@@ -122,6 +122,62 @@ class TeamClient:
         return self.request("POST", "/v1/import", params=params, content=data)
 
 
+    def chat(self, kbs: list[str], message: str, **options: Any) -> dict:
+        """One team chat turn, answered as one JSON reply."""
+        return self.request("POST", "/v1/chat", json={"kbs": kbs, "message": message, **options})
+
+    def chat_stream(self, kbs: list[str], message: str, *, on_event=None, **options: Any) -> dict:
+        """One team chat turn over Server-Sent Events: ``on_event(name, data)`` for each ``step``
+        and ``token`` as it arrives; returns the ``result`` (an ``error`` event raises its error).
+
+        The stream is read with the same SSE parser as a model's stream
+        (``answer.llm.iter_sse_events``: CRLF, LF or CR line endings, split anywhere).
+        """
+        import json as _json
+
+        from localkb.answer.llm import iter_sse_events
+
+        body = {"kbs": kbs, "message": message, **options, "stream": True}
+        try:
+            with self._http.stream("POST", "/v1/chat", json=body,
+                                   headers={"Accept": "text/event-stream"}) as resp:
+                if resp.status_code != 200 or not resp.headers.get(
+                        "content-type", "").startswith("text/event-stream"):
+                    raw = resp.read()
+                    try:
+                        payload = _json.loads(raw)
+                    except ValueError as err:
+                        raise TeamUnavailable(f"the team server {self.name} answered HTTP "
+                                              f"{resp.status_code} with something that is not "
+                                              "JSON") from err
+                    raise error_from(payload, resp.status_code)
+                for data in iter_sse_events(resp.iter_raw()):
+                    try:
+                        frame = _json.loads(data)
+                        name, value = frame["event"], frame["data"]
+                    except (ValueError, KeyError, TypeError) as err:
+                        raise TeamUnavailable(f"the team server {self.name} sent an event this "
+                                              f"client cannot read ({err})") from err
+                    if name == "result":
+                        return value
+                    if name == "error":
+                        raise error_from({"error": value}, 200)
+                    if on_event is not None:
+                        on_event(name, value)
+        except httpx.HTTPError as err:
+            raise TeamUnavailable(f"the team server {self.name} cannot be reached or dropped the "
+                                  f"stream: {type(err).__name__}: {err}") from err
+        raise TeamUnavailable(f"the team server {self.name} ended the chat stream without a result")
+
+    def querylog(self, *, user: str | None = None, offset: int = 0, limit: int = 50) -> dict:
+        params = {"offset": offset, "limit": limit, **({"user": user} if user else {})}
+        return self.request("GET", "/v1/querylog", params=params)
+
+    def querylog_export(self, fmt: str = "jsonl", *, user: str | None = None) -> bytes:
+        params = {"format": fmt, **({"user": user} if user else {})}
+        return self.request("GET", "/v1/querylog/export", params=params, raw=True).content
+
+
 def _seg(value: str) -> str:
     from urllib.parse import quote
 

@@ -140,6 +140,37 @@ CREATE TABLE meta (
     value text NOT NULL
 );
 """),
+    # Numbered after the issue that added it, so the team server's own later migrations
+    # (4, 5, ...) never collide with it; migrations run in this order whatever their numbers.
+    (20, "team chat: query log, daily rate counters", """
+CREATE TABLE query_log (
+    id bigserial PRIMARY KEY,
+    at double precision NOT NULL,
+    user_id text,
+    user_name text NOT NULL,
+    address text,
+    kind text NOT NULL,
+    query text NOT NULL,
+    access jsonb NOT NULL,
+    kbs jsonb NOT NULL,
+    outcome text NOT NULL,
+    error_code text,
+    cache text,
+    stages jsonb NOT NULL,
+    rerank jsonb,
+    citations jsonb NOT NULL,
+    model jsonb,
+    total_ms double precision NOT NULL
+);
+CREATE INDEX query_log_user ON query_log (user_id, id);
+CREATE TABLE rate_counts (
+    scope text NOT NULL,
+    key text NOT NULL,
+    day date NOT NULL,
+    count integer NOT NULL,
+    PRIMARY KEY (scope, key, day)
+);
+"""),
 )
 
 

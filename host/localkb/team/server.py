@@ -26,6 +26,7 @@ embedding_unavailable). Bodies are read only up to their cap; nothing past it is
     GET    /v1/kbs/{kb}/export                     the .awkb file of what the caller may see
     POST   /v1/import?name=&access=                admin: an .awkb file as the body, a new knowledge base
     GET    /v1/errors?source=&kb=&offset=&limit=   admin: the server's error log
+    POST   /v1/chat, GET /v1/querylog[/export], GET /pipeline   team chat (``team/chat.py``)
 
 Hooks for issue 20 (team chat): every request passes through ``TeamAPI.dispatch`` with
 the caller's ``Access`` (whose ``key()`` is the cache key part of an access set), so
@@ -47,6 +48,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from localkb import __version__
+from localkb.answer.privacy import endpoint_location
 from localkb.config import Settings
 from localkb.errors import (
     InvalidInput,
@@ -76,7 +78,7 @@ STATUS = {
     "too_large": 413, "unauthorized": 401, "forbidden": 403, "not_found": 404, "kb_not_found": 404,
     "source_not_found": 404, "conflict": 409, "nothing_written": 422, "model_mismatch": 409,
     "team_unavailable": 503, "embedding_unavailable": 503, "index_unavailable": 503,
-    "store_error": 500, "cancelled": 499,
+    "store_error": 500, "cancelled": 499, "rate_limited": 429, "guardrail_blocked": 422,
 }
 
 
@@ -92,6 +94,8 @@ class Request:
         self.headers = headers
         self._read_body = body_reader
         self.access: Access | None = None
+        #: The client's IP address (the socket's peer; a proxy in front is that address).
+        self.address: str | None = None
 
     def arg(self, name: str, *, max_len: int = 8192) -> str | None:
         values = self.query.get(name)
@@ -138,7 +142,8 @@ class TeamAPI:
     """The routes, over one database; each call sees the store as its caller does."""
 
     def __init__(self, db: Database, settings: Settings, *, name: str = "team",
-                 max_import_bytes: int = MAX_IMPORT_BYTES, max_json_bytes: int = MAX_JSON_BYTES) -> None:
+                 max_import_bytes: int = MAX_IMPORT_BYTES, max_json_bytes: int = MAX_JSON_BYTES,
+                 chat=None) -> None:
         self.db = db
         self.settings = settings
         self.name = name
@@ -165,6 +170,11 @@ class TeamAPI:
             ("POST", ("v1", "import"), self.import_, True),
             ("GET", ("v1", "errors"), self.errors, True),
         ]
+        from localkb.team.chat import ChatConfig, TeamChat
+
+        #: Team chat (``team/chat.py``): its routes join these; ``chat`` is its ``ChatConfig``.
+        self.chat = TeamChat(self, chat or ChatConfig())
+        self.routes += self.chat.routes()
 
     # -- dispatch -------------------------------------------------------------------------
     def dispatch(self, req: Request) -> tuple[int, Any]:
@@ -193,6 +203,11 @@ class TeamAPI:
     # -- routes ---------------------------------------------------------------------------
     def health(self, req: Request) -> dict:
         out = {"name": self.name, "version": __version__, "api": API_VERSION, "server": "localkb-team"}
+        endpoint = self.chat.config.endpoint
+        out["chat"] = {"model": None if endpoint is None else endpoint.model,
+                       "location": endpoint_location(endpoint) if endpoint else None,
+                       "rerank": self.reranker is not None,
+                       "semantic_cache": self.chat.config.semantic_threshold}
         try:
             with self.db.conn() as conn:
                 conn.execute("SELECT 1")
@@ -404,12 +419,17 @@ def _handler_class(api: TeamAPI):
                                  strict_parsing=False)
                 req = Request(self.command, split.path, query, self.headers, self._read_body,
                               json_cap=api.max_json_bytes)
+                req.address = self.client_address[0]
                 status, result = api.dispatch(req)
             except LocalKBError as err:
                 status = 411 if isinstance(err, _LengthRequired) else STATUS.get(err.code, 500)
                 if isinstance(err, _NoRoute):
                     status = 404
                 result = {"ok": False, "error": err.to_dict()}
+                retry = (err.detail or {}).get("retry_after_s") if err.code == "rate_limited" else None
+                if retry:
+                    result = (json.dumps(result).encode(), {
+                        "Content-Type": "application/json; charset=utf-8", "Retry-After": str(retry)})
             except ValueError as err:  # parse_qs with too many fields
                 status, result = 400, {"ok": False, "error": InvalidInput(str(err)).to_dict()}
             except Exception as err:  # a bug must not kill the server or leak a trace to the client
@@ -420,13 +440,41 @@ def _handler_class(api: TeamAPI):
             else:
                 if isinstance(result, dict):
                     result = {"ok": True, "result": result}
+                elif not isinstance(result, tuple):  # a stream: its body is read, its reply follows
+                    self._reply(status, result)
+                    return
             if not self._body_read and self.headers.get("Content-Length", "0") not in ("0", ""):
                 self.close_connection = True  # an unread body would be taken for the next request
             self._reply(status, result)
             log.debug("%s %s -> %s in %.1f ms", self.command, split.path, status,
                       (time.perf_counter() - started) * 1000)
 
+        def _stream(self, stream) -> None:
+            """Server-Sent Events: headers now, each event as it happens, the connection closed after."""
+            self.close_connection = True
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+                self.send_header("Cache-Control", "no-store")
+                self.send_header("X-Accel-Buffering", "no")  # a proxy in front must not buffer it
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.flush()
+
+                def emit(event: str, data: Any) -> None:
+                    self.wfile.write(stream.frame(event, data))
+                    self.wfile.flush()
+
+                stream.run(emit)
+            except (BrokenPipeError, ConnectionResetError):
+                log.info("a chat stream's client went away")
+
         def _reply(self, status: int, result: Any) -> None:
+            from localkb.team.chat import EventStream
+
+            if isinstance(result, EventStream):
+                self._stream(result)
+                return
             if isinstance(result, tuple):
                 body, headers = result
             else:
@@ -484,7 +532,8 @@ class TeamServer(ThreadingHTTPServer):
 
 
 def serve(db_url: str | None, *, team_dir, host: str, port: int, name: str, settings: Settings,
-          ready: Callable[[str], None] | None = None, stop: threading.Event | None = None) -> None:
+          ready: Callable[[str], None] | None = None, stop: threading.Event | None = None,
+          chat=None, rerank_model: str | None = None) -> None:
     """Run the team server until ``stop`` is set (the CLI sets it on SIGINT/SIGTERM).
 
     With no ``db_url`` the embedded PostgreSQL in ``team_dir`` is started first and stopped
@@ -500,7 +549,14 @@ def serve(db_url: str | None, *, team_dir, host: str, port: int, name: str, sett
     try:
         db = Database(db_url)
         try:
-            httpd = TeamServer(TeamAPI(db, settings, name=name), host, port)
+            api = TeamAPI(db, settings, name=name, chat=chat)
+            if rerank_model:
+                from pathlib import Path
+
+                from localkb.retrieval.search import Reranker
+
+                api.reranker = Reranker(Path(rerank_model))
+            httpd = TeamServer(api, host, port)
             thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.2},
                                       name="localkb-team-http", daemon=True)
             thread.start()

@@ -1,0 +1,100 @@
+"""The team server's query log: one row per chat turn, in PostgreSQL.
+
+Each row keeps who asked (user, client address), the access set the answer was computed
+under (knowledge base -> level, as ``Access.public``), the knowledge bases searched, each
+stage's latency, the cache tier that answered (``exact`` | ``semantic`` | null), the
+rerank order (before/after positions and scores), the answer's citations and the outcome
+(``answered`` or the error code that stopped it: ``rate_limited``, ``guardrail_blocked``, …).
+An administrator lists and exports every row; any other user sees only their own.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import time
+from typing import Any
+
+from localkb.errors import InvalidInput
+from localkb.team.access import Access
+from localkb.team.db import Database
+
+EXPORT_FORMATS = ("jsonl", "csv")
+_COLUMNS = ("id", "at", "user", "address", "kind", "query", "access", "kbs", "outcome", "error_code",
+            "cache", "stages", "rerank", "citations", "model", "total_ms")
+
+
+class QueryLog:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def record(self, access: Access, *, address: str | None, kind: str, query: str,
+               kbs: list[str], outcome: str, error_code: str | None = None,
+               cache: str | None = None, stages: dict | None = None, rerank: Any = None,
+               citations: list[dict] | None = None, model: dict | None = None,
+               total_ms: float = 0.0) -> int:
+        cites = [{k: c.get(k) for k in ("n", "kb", "kb_name", "title", "url", "chunk_index",
+                                         "chunk_id", "page")} for c in citations or []]
+        with self.db.tx() as conn:
+            row = conn.execute(
+                "INSERT INTO query_log (at, user_id, user_name, address, kind, query, access, kbs, "
+                "outcome, error_code, cache, stages, rerank, citations, model, total_ms) VALUES "
+                "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
+                # PostgreSQL text holds no NUL: a refused message with one is logged with U+FFFD.
+                (time.time(), access.user_id, access.user, address, kind,
+                 query[:8000].replace("\x00", "\ufffd"),
+                 json.dumps(access.public()), json.dumps(kbs), outcome, error_code, cache,
+                 json.dumps(stages or {}), json.dumps(rerank) if rerank else None,
+                 json.dumps(cites), json.dumps(model) if model else None,
+                 float(total_ms))).fetchone()
+        return int(row["id"])
+
+    def _where(self, access: Access, user: str | None) -> tuple[str, dict]:
+        if not access.is_admin:
+            if user is not None and user.lower() != access.user.lower():
+                # The same refusal whether that user exists or not.
+                raise InvalidInput("you can see only your own queries", detail={"field": "user"})
+            return "user_id = %(uid)s", {"uid": access.user_id}
+        if user is not None:
+            return "lower(user_name) = lower(%(user)s)", {"user": user}
+        return "TRUE", {}
+
+    def list(self, access: Access, *, user: str | None = None, offset: int = 0,
+             limit: int = 50) -> tuple[list[dict], int]:
+        where, args = self._where(access, user)
+        with self.db.conn() as conn:
+            # ``where`` is one of _where's three fixed clauses; values travel as parameters.
+            total = conn.execute(f"SELECT count(*) AS n FROM query_log WHERE {where}",  # noqa: S608
+                                 args).fetchone()["n"]
+            rows = conn.execute(f"SELECT * FROM query_log WHERE {where} ORDER BY id DESC "  # noqa: S608
+                                "LIMIT %(l)s OFFSET %(o)s", {**args, "l": limit, "o": offset}
+                                ).fetchall()
+        return [_public(r) for r in rows], int(total)
+
+    def export(self, access: Access, fmt: str, *, user: str | None = None) -> bytes:
+        """Every row the caller may see, oldest first, as JSON lines or CSV."""
+        if fmt not in EXPORT_FORMATS:
+            raise InvalidInput(f"format must be one of {', '.join(EXPORT_FORMATS)}",
+                               detail={"field": "format"})
+        where, args = self._where(access, user)
+        with self.db.conn() as conn:
+            rows = [_public(r) for r in conn.execute(
+                f"SELECT * FROM query_log WHERE {where} ORDER BY id", args)]  # noqa: S608
+        if fmt == "jsonl":
+            return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode()
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=_COLUMNS)
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({k: json.dumps(v, ensure_ascii=False) if isinstance(v, dict | list)
+                             else v for k, v in r.items()})
+        return out.getvalue().encode()
+
+
+def _public(r: dict) -> dict:
+    return {"id": r["id"], "at": r["at"], "user": r["user_name"], "address": r["address"],
+            "kind": r["kind"], "query": r["query"], "access": r["access"], "kbs": r["kbs"],
+            "outcome": r["outcome"], "error_code": r["error_code"], "cache": r["cache"],
+            "stages": r["stages"], "rerank": r["rerank"], "citations": r["citations"],
+            "model": r["model"], "total_ms": r["total_ms"]}
