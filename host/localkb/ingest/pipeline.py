@@ -72,7 +72,14 @@ from localkb.ingest.files import (
 )
 from localkb.ingest.progress import JobProgress
 from localkb.locks import StripedLocks
-from localkb.store.catalog import chunk_id, source_id, valid_vector, vector_blob, vector_key
+from localkb.store.catalog import (
+    UPSERT_SOURCE,
+    chunk_id,
+    source_id,
+    valid_vector,
+    vector_blob,
+    vector_key,
+)
 from localkb.store.kb import Change, KnowledgeBase
 
 CHUNKER_VERSION = "1"
@@ -929,13 +936,7 @@ def _upsert_source(db: sqlite3.Connection, kb: KnowledgeBase, s: _Source, now: f
     row = db.execute("SELECT added_at FROM sources WHERE id = ?", (s.sid,)).fetchone()
     doc = s.doc
     db.execute(
-        "INSERT INTO sources (id, kb_id, key, type, title, url, file_name, content_hash, "
-        "captured_by, chunk_count, pages, lang, added_at, updated_at) "
-        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET "
-        "type=excluded.type, title=excluded.title, url=excluded.url, "
-        "file_name=excluded.file_name, content_hash=excluded.content_hash, "
-        "captured_by=excluded.captured_by, chunk_count=excluded.chunk_count, "
-        "pages=excluded.pages, lang=excluded.lang, updated_at=excluded.updated_at",
+        UPSERT_SOURCE,
         (s.sid, kb.id, s.key, doc.type, doc.title, doc.url, doc.file_name, s.digest.hexdigest(),
          s.item.captured_by, len(s.hashes) if chunk_count is None else chunk_count, doc.pages, doc.lang,
          row["added_at"] if row else now, now))

@@ -163,6 +163,17 @@ class KBRecord:
                 "keyword_engine_choice": self.settings.get("keyword_engine", "auto")}
 
 
+#: A source row written whole (its ``added_at`` kept from the row it replaces by the caller):
+#: the one statement both local writers use (the pipeline's and the store seam's).
+UPSERT_SOURCE = (
+    "INSERT INTO sources (id, kb_id, key, type, title, url, file_name, content_hash, "
+    "captured_by, chunk_count, pages, lang, added_at, updated_at) "
+    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET "
+    "type=excluded.type, title=excluded.title, url=excluded.url, "
+    "file_name=excluded.file_name, content_hash=excluded.content_hash, "
+    "captured_by=excluded.captured_by, chunk_count=excluded.chunk_count, "
+    "pages=excluded.pages, lang=excluded.lang, updated_at=excluded.updated_at")
+
 class Catalog:
     """Thin, typed access to ``catalog.sqlite``; one connection per thread."""
 

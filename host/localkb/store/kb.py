@@ -50,6 +50,7 @@ from localkb.store.base import (
     SourceWrite,
 )
 from localkb.store.catalog import (
+    UPSERT_SOURCE,
     Catalog,
     KBRecord,
     blob_vector,
@@ -537,13 +538,7 @@ class KnowledgeBase(KnowledgeBaseHandle):
                 befores[w.id] = self.existing_chunks(w.id, db)
                 row = db.execute("SELECT added_at FROM sources WHERE id = ?", (w.id,)).fetchone()
                 db.execute(
-                    "INSERT INTO sources (id, kb_id, key, type, title, url, file_name, content_hash, "
-                    "captured_by, chunk_count, pages, lang, added_at, updated_at) "
-                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET "
-                    "type=excluded.type, title=excluded.title, url=excluded.url, "
-                    "file_name=excluded.file_name, content_hash=excluded.content_hash, "
-                    "captured_by=excluded.captured_by, chunk_count=excluded.chunk_count, "
-                    "pages=excluded.pages, lang=excluded.lang, updated_at=excluded.updated_at",
+                    UPSERT_SOURCE,
                     (w.id, self.id, w.key, w.type, w.title, w.url, w.file_name, w.content_hash,
                      w.captured_by, w.chunk_count, w.pages, w.lang,
                      row["added_at"] if row else now, now))
