@@ -237,3 +237,16 @@ def catalog_rows(home: Path, sql: str, params: tuple = ()) -> list[sqlite3.Row]:
         return con.execute(sql, params).fetchall()
     finally:
         con.close()
+
+
+def skip_without_a_browser(what: str) -> None:
+    """Skip the calling test module, loudly, when Chromium or Playwright is missing."""
+    import pytest
+
+    if chromium_path() is None:
+        pytest.skip(f"NO CHROMIUM INSTALLED: {what} did NOT run (apt-get install chromium).",
+                    allow_module_level=True)
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:  # pragma: no cover - the dev extra installs it
+        pytest.skip(f"PLAYWRIGHT NOT INSTALLED: {what} did NOT run.", allow_module_level=True)

@@ -15,10 +15,10 @@ import pytest
 
 from browser_helpers import (
     ExtensionBrowser,
-    chromium_path,
     extension_copy,
     extension_id,
     register_host,
+    skip_without_a_browser,
     write_launcher,
 )
 from localkb.team.attached import attach
@@ -26,13 +26,8 @@ from localkb.team.client import TeamClient
 from localkb.team.server import TeamAPI, TeamServer
 
 pytestmark = pytest.mark.browser
-if chromium_path() is None:
-    pytest.skip("NO CHROMIUM INSTALLED: the real-browser team test did NOT run (apt-get install chromium).",
-                allow_module_level=True)
-try:
-    from playwright.sync_api import sync_playwright
-except ImportError:  # pragma: no cover - the dev extra installs it
-    pytest.skip("PLAYWRIGHT NOT INSTALLED: the real-browser team test did NOT run.", allow_module_level=True)
+skip_without_a_browser("the real-browser team test")
+from playwright.sync_api import sync_playwright  # noqa: E402
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 

@@ -13,18 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from browser_helpers import CHROMIUM_ARGS, WAIT_MS, chromium_path
+from browser_helpers import CHROMIUM_ARGS, WAIT_MS, chromium_path, skip_without_a_browser
 from localkb.retrieval.search import Reranker
 from test_team_chat import QUESTION, _make, build_cross_encoder
 
 pytestmark = pytest.mark.browser
-if chromium_path() is None:
-    pytest.skip("NO CHROMIUM INSTALLED: the pipeline-view test did NOT run (apt-get install chromium).",
-                allow_module_level=True)
-try:
-    from playwright.sync_api import sync_playwright
-except ImportError:  # pragma: no cover - the dev extra installs it
-    pytest.skip("PLAYWRIGHT NOT INSTALLED: the pipeline-view test did NOT run.", allow_module_level=True)
+skip_without_a_browser("the pipeline-view test")
+from playwright.sync_api import sync_playwright  # noqa: E402
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 
