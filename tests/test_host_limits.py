@@ -53,12 +53,17 @@ def test_the_queue_is_bounded_and_the_excess_is_host_busy(tmp_path):
             if msg.get("ok") is False:
                 assert msg["error"]["code"] == "host_busy", msg
                 busy.add(msg["id"])
-        accepted = [i for i in range(n) if i not in busy]
-        assert len(accepted) <= 4 + MAX_QUEUED
-        for i in accepted:
+        # On a loaded machine the workers may not have taken four yet, so more than ten can be
+        # refused: a refusal read after the first ten is a final reply like the others.
+        rest = [i for i in range(n) if i not in busy]
+        for i in rest:
             host.send({"id": f"c{i}", "type": "cancel", "data": {"target": i}})
-        codes = {host.until_reply(i, timeout=120)[-1].get("error", {}).get("code") for i in accepted}
-    assert codes == {"cancelled"}  # every accepted request was answered, none dropped
+        codes = {i: host.until_reply(i, timeout=120)[-1].get("error", {}).get("code") for i in rest}
+    accepted = [i for i, code in codes.items() if code != "host_busy"]
+    assert len(accepted) <= 4 + MAX_QUEUED
+    assert len(busy) + len(rest) - len(accepted) >= 10
+    # Every accepted request was answered (cancelled), none dropped.
+    assert {codes[i] for i in accepted} == {"cancelled"}
 
 
 def test_the_queue_is_bounded_in_bytes(tmp_path):
