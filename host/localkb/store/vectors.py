@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 import time
 import zlib
 from dataclasses import dataclass
@@ -371,11 +372,14 @@ class Changed:
     No HNSW graph: it would only ever be searched exactly, and building one cost an insertion
     per changed vector on every write and again on every open that replays the log (up to
     ``fold_threshold`` of them: 9,375 at 300,000 passages). A removed row is filled with the
-    last one, so rows ``[0, len)`` are always the live vectors.
+    last one, so rows ``[0, len)`` are always the live vectors. A lock makes a search see each
+    change whole (the host searches while a write applies its changes; usearch's own index
+    was safe for that).
     """
 
     def __init__(self, dim: int) -> None:
         self.dim = dim
+        self._lock = threading.Lock()
         self.vectors = np.zeros((0, dim), dtype=np.float32)
         self.keys = np.zeros(0, dtype=np.uint64)
         self.row: dict[int, int] = {}
@@ -390,6 +394,10 @@ class Changed:
         """Set each key's vector (a key given twice keeps its last)."""
         vectors = np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1, self.dim)
         keys = np.atleast_1d(np.asarray(keys, dtype=np.uint64))
+        with self._lock:
+            self._put(keys, vectors)
+
+    def _put(self, keys: np.ndarray, vectors: np.ndarray) -> None:
         n = len(self.row)
         if n + len(keys) > len(self.vectors):  # grow by half: appends cost O(1) each
             cap = max(64, len(self.vectors) * 3 // 2, n + len(keys))
@@ -406,6 +414,10 @@ class Changed:
             self.vectors[at] = vec
 
     def remove(self, keys: np.ndarray) -> None:
+        with self._lock:
+            self._remove(keys)
+
+    def _remove(self, keys: np.ndarray) -> None:
         for key in np.atleast_1d(keys).tolist():
             at = self.row.pop(key, None)
             if at is None:
@@ -418,8 +430,9 @@ class Changed:
                 self.row[moved] = at
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
-        n = len(self.row)
-        return self.keys[:n].copy(), self.vectors[:n].copy()
+        with self._lock:
+            n = len(self.row)
+            return self.keys[:n].copy(), self.vectors[:n].copy()
 
     def search(self, query: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
         """Exact top ``count`` by cosine, by the kernel usearch's exact index search uses."""
@@ -427,11 +440,12 @@ class Changed:
         from usearch.index import MetricKind
         from usearch.index import search as exact_search
 
-        n = len(self.row)
-        found = exact_search(self.vectors[:n], np.asarray(query, dtype=np.float32), count,
-                             MetricKind.Cos, exact=True)
-        rows = np.asarray(found.keys, dtype=np.int64)
-        return self.keys[rows], 1.0 - np.asarray(found.distances, np.float32)
+        with self._lock:
+            n = len(self.row)
+            found = exact_search(self.vectors[:n], np.asarray(query, dtype=np.float32), min(count, n),
+                                 MetricKind.Cos, exact=True, threads=1)
+            rows = np.asarray(found.keys, dtype=np.int64)
+            return self.keys[rows], 1.0 - np.asarray(found.distances, np.float32)
 
 
 def _record_dtype(dim: int) -> np.dtype:
