@@ -246,29 +246,6 @@ def _usable(load: Callable[[], VectorIndex | KeywordEngine], gen: int, pruned: i
     return index if pruned <= index.generation <= gen else None
 
 
-class _Background:
-    """``fn()`` on a thread of its own; ``result()`` waits for it and returns or raises what it did."""
-
-    def __init__(self, fn: Callable[[], VectorIndex]) -> None:
-        self._out: list = []
-        self._thread = threading.Thread(target=self._run, args=(fn,), name="localkb-index-build",
-                                        daemon=True)
-        self._thread.start()
-
-    def _run(self, fn: Callable[[], VectorIndex]) -> None:
-        try:
-            self._out.append((True, fn()))
-        except BaseException as err:  # handed to result(), raised in the caller's thread
-            self._out.append((False, err))
-
-    def result(self) -> VectorIndex:
-        self._thread.join()
-        ok, value = self._out[0]
-        if not ok:
-            raise value
-        return value
-
-
 def check_name(name: object) -> str:
     """A knowledge base name: NFC, 1-80 characters, no / or \\, nothing deceptive (``clean_name``).
 
@@ -383,26 +360,18 @@ class KnowledgeBase(KnowledgeBaseHandle):
         ki = None
         if engine == self.record.keyword_engine:
             ki = _usable(lambda: keyword_engine_mod.load(engine, self.keyword_path), gen, pruned)
-        building = None
         if vi is None:
-            # The graph is built on usearch's threads, which release the GIL, while this thread
-            # streams the catalogue into the keyword engine (Python analysis): an import or a
-            # first open pays max(graph, keywords) on two cores, not their sum.
-            building = _Background(self._vector_builder(gen))
+            vi = self._rebuild_vectors(gen)
             done["vectors"] = "rebuilt"
         elif vi.generation < gen:
             self._catch_up(vi, None, vi.generation, gen)
             done["vectors"] = "caught up"
-        try:
-            if ki is None:
-                ki = self._rebuild_keywords(gen, engine)
-                done["keywords"] = "rebuilt"
-            elif ki.generation < gen:
-                self._catch_up(None, ki, ki.generation, gen)
-                done["keywords"] = "caught up"
-        finally:
-            if building is not None:
-                vi = building.result()
+        if ki is None:
+            ki = self._rebuild_keywords(gen, engine)
+            done["keywords"] = "rebuilt"
+        elif ki.generation < gen:
+            self._catch_up(None, ki, ki.generation, gen)
+            done["keywords"] = "caught up"
         self._vectors, self._keywords = vi, ki
         self._prune(gen)
         return done
@@ -466,13 +435,6 @@ class KnowledgeBase(KnowledgeBaseHandle):
             vi.save(gen)
 
     def _rebuild_vectors(self, gen: int) -> VectorIndex:
-        return self._vector_builder(gen)()
-
-    def _vector_builder(self, gen: int) -> Callable[[], VectorIndex]:
-        """Read the catalogue's vectors now; the returned call builds and saves the index from them.
-
-        The build touches no database, so it may run on another thread.
-        """
         # Rows are streamed into arrays sized once: a rebuild holds the vectors once, not a list
         # of them and then a stacked copy (an import of a big knowledge base ends here).
         vi = VectorIndex(self.vector_path, self.record.model, self.record.dim)
@@ -487,12 +449,8 @@ class KnowledgeBase(KnowledgeBaseHandle):
             keys[i] = row[0]
             vecs[i] = blob_vector(row[1])
             i += 1
-
-        def build() -> VectorIndex:
-            vi.build(keys[:i], vecs[:i], gen)
-            return vi
-
-        return build
+        vi.build(keys[:i], vecs[:i], gen)
+        return vi
 
     def _rebuild_keywords(self, gen: int, engine: str) -> KeywordEngine:
         """A fresh keyword index of ``engine`` from the catalogue; the other engine's folder goes."""
