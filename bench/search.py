@@ -1,7 +1,7 @@
 """Search at scale: p50/p95 per mode per keyword engine, interleaved, beside FTS5; cold open, RSS, writes.
 
     python bench/search.py [--sizes 3000 30000 100000 300000] [--rounds 3] [--queries 300]
-                           [--real-vectors-up-to 3000] [--cache DIR]
+                           [--real-vectors-up-to 3000] [--cache DIR] [--whoosh-up-to N]
 
 Per size, one knowledge base is built in the cache directory (kept, so a second run only
 measures): passages of real SciFact text (abstracts cut into ~70-word windows of whole
@@ -17,7 +17,10 @@ per-round p50 and of the whoosh/tantivy ratio, where the time goes (stage median
 keyword row with SQLite FTS5 (porter unicode61, bm25, OR of the query terms) and each
 engine on the same terms interleaved query by query, the engines' top-32 overlap, a cold
 open in a new process with the first query and RSS after warm-up, and "add one note"
-in a new process (seconds, peak RSS) on a copy of the knowledge base.
+in a new process (seconds, peak RSS, what the add spends inside and what the process paid
+before it) on a copy of the knowledge base, with the one write that folds the vector log.
+Above ``--whoosh-up-to`` passages only tantivy (what ``auto`` uses there) is built and
+measured: a Whoosh build of 100,000 passages takes most of an hour on a loaded machine.
 """
 
 from __future__ import annotations
