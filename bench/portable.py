@@ -1,12 +1,18 @@
 """Export and import speed of .awkb files, and their size against vectors written as JSON numbers.
 
     python bench/portable.py [--chunks 5000] [--model all-MiniLM-L6-v2]
+    python bench/portable.py --random-vectors --chunks 30000 --compare OTHER_CHECKOUT [--repeat 3]
 
 Builds a knowledge base in a temporary data dir by importing generated passages
 (real vectors from the chosen model), then times export and import and prints
 MB/s of the file written/read. The size ratio compares the same document with
 vectors as base64 of float32 (the format) and as JSON numbers (shortest float32
 repr, and Python's float repr of the same values).
+
+With ``--compare``, the same file is imported by this checkout and by another one (its
+``host/`` on PYTHONPATH), each import a ``localkb import`` process of its own into an empty
+data dir, the two in rotating order over ``--repeat`` rounds: MB/s and peak RSS min/median/max
+of each, and the per-round speed ratio.
 """
 
 from __future__ import annotations
@@ -20,9 +26,11 @@ import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -30,6 +38,44 @@ from localkb.config import Settings
 from localkb.ingest.chunk import passage_text
 from localkb.portable.archive import export_kb, import_kb
 from localkb.store.kb import Store
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import rotated, spread
+
+_TIMED = ("import sys, time\nfrom localkb.cli import main\nt = time.perf_counter()\n"
+          "rc = main(['import', sys.argv[1], '--json'])\nsecs = time.perf_counter() - t\n"
+          "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM:')][0].split()[1]\n"
+          "print('TIMED', secs, int(hwm) / 1024, file=sys.stderr)\nsys.exit(rc)\n")
+
+
+def timed_import(host: Path, path: Path, home: Path) -> tuple[float, float]:
+    """Seconds of one ``localkb import`` (the call, not the process start) and its peak RSS in MiB."""
+    env = {**os.environ, "LOCALKB_HOME": str(home), "PYTHONPATH": str(host)}
+    res = subprocess.run([sys.executable, "-c", _TIMED, str(path)], capture_output=True, text=True,
+                         env=env, check=False)
+    line = [x for x in res.stderr.splitlines() if x.startswith("TIMED ")]
+    if res.returncode != 0 or not line:
+        raise SystemExit(f"import with {host} failed: {res.stderr[-500:]}")
+    secs, peak = line[0].split()[1:]
+    return float(secs), float(peak)
+
+
+def compare(data: bytes, other: Path, rounds: int) -> None:
+    here = Path(__file__).resolve().parents[1] / "host"
+    hosts = {"this": here, "other": other / "host"}
+    mb = len(data) / 1e6
+    got: dict[str, list[tuple[float, float]]] = {k: [] for k in hosts}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "bench.awkb"
+        path.write_bytes(data)
+        for r in range(rounds):
+            for name in rotated(list(hosts), r):
+                got[name].append(timed_import(hosts[name], path, Path(tmp) / f"home-{name}-{r}"))
+    for name, runs in got.items():
+        print(f"import ({name}: {hosts[name]}): MB/s {spread([mb / s for s, _ in runs])}, "
+              f"seconds {spread([s for s, _ in runs])}, peak RSS MiB {spread([p for _, p in runs], '.0f')}")
+    ratio = [o[0] / t[0] for t, o in zip(got["this"], got["other"], strict=True)]
+    print(f"import speed this/other per round min/med/max {spread(ratio)} over {rounds} rounds")
 
 WORDS = ("the of and a to in is was for on that with as by at from his her it an were are which "
          "river mill engine valve harbour garden letter winter market bridge signal copper "
@@ -89,6 +135,7 @@ def main() -> int:
     ap.add_argument("--random-vectors", action="store_true",
                     help="random unit vectors instead of embedding the passages (import speed is the same)")
     ap.add_argument("--keyword-engine", choices=["auto", "whoosh", "tantivy"], default="auto")
+    ap.add_argument("--compare", type=Path, help="another checkout: its import, interleaved with this one's")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Settings.from_env({**os.environ, "LOCALKB_HOME": tmp,
@@ -98,6 +145,11 @@ def main() -> int:
         kind = "random unit vectors" if args.random_vectors else args.model
         print(f"generated {args.chunks} chunks ({kind}) in {time.perf_counter() - t:.1f} s; "
               f"keyword engine {args.keyword_engine}")
+        if args.compare:
+            print(f"file: {len(seed_file):,} bytes, {len(gzip.decompress(seed_file)) / 1e6:.1f} MB of JSON")
+            compare(seed_file, args.compare, args.repeat)
+            store.close()
+            return 0
         import_kb(store, io.BytesIO(seed_file), name="Bench")
         kb = store.open_kb("Bench")
         exports, imports = [], []

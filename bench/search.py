@@ -1,7 +1,7 @@
 """Search at scale: p50/p95 per mode per keyword engine, interleaved, beside FTS5; cold open, RSS, writes.
 
     python bench/search.py [--sizes 3000 30000 100000 300000] [--rounds 3] [--queries 300]
-                           [--real-vectors-up-to 3000] [--cache DIR]
+                           [--real-vectors-up-to 3000] [--cache DIR] [--whoosh-up-to N]
 
 Per size, one knowledge base is built in the cache directory (kept, so a second run only
 measures): passages of real SciFact text (abstracts cut into ~70-word windows of whole
@@ -17,7 +17,10 @@ per-round p50 and of the whoosh/tantivy ratio, where the time goes (stage median
 keyword row with SQLite FTS5 (porter unicode61, bm25, OR of the query terms) and each
 engine on the same terms interleaved query by query, the engines' top-32 overlap, a cold
 open in a new process with the first query and RSS after warm-up, and "add one note"
-in a new process (seconds, peak RSS) on a copy of the knowledge base.
+in a new process (seconds, peak RSS, what the add spends inside and what the process paid
+before it) on a copy of the knowledge base, with the one write that folds the vector log.
+Above ``--whoosh-up-to`` passages only tantivy (what ``auto`` uses there) is built and
+measured: a Whoosh build of 100,000 passages takes most of an hour on a loaded machine.
 """
 
 from __future__ import annotations
@@ -97,14 +100,19 @@ def settings_for(home: Path) -> Settings:
     return Settings.from_env({**os.environ, "LOCALKB_HOME": str(home), "LOCALKB_KEYWORD_ENGINE": "whoosh"})
 
 
-def build(root: Path, size: int, real_upto: int) -> Path:
+def built_engines(home: Path) -> tuple[str, ...]:
+    """The keyword engines whose index the cached knowledge base holds."""
+    return tuple(e for e in ENGINES if keyword_engine.folder_for(next((home / "kbs").iterdir()), e).exists())
+
+
+def build(root: Path, size: int, real_upto: int, engines: tuple[str, ...] = ENGINES) -> Path:
     home = root / f"kb{size}"
     done = home / "built.json"
     if done.exists():
         return home
     shutil.rmtree(home, ignore_errors=True)
     store = Store(settings_for(home))
-    rec = store.create_kb("bench", keyword_engine="whoosh")
+    rec = store.create_kb("bench", keyword_engine=engines[0])
     kb = store.open_kb(rec.id)
     kb.close()
     rows, made = passages(size)
@@ -141,18 +149,19 @@ def build(root: Path, size: int, real_upto: int) -> Path:
         vi = kb._rebuild_vectors(gen)
         times["vectors"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        kb._rebuild_keywords(gen, "whoosh").close()
-        times["whoosh"] = time.perf_counter() - t0
+        kb._rebuild_keywords(gen, engines[0]).close()
+        times[engines[0]] = time.perf_counter() - t0
         kb._prune(gen)
-    # tantivy beside it, from the same rows (the product removes the other engine's folder on
-    # a switch; the bench keeps both so it can switch between them without rebuilding).
-    t0 = time.perf_counter()
-    ti = keyword_engine.create("tantivy", keyword_engine.folder_for(kb.dir, "tantivy"))
-    ti.write([(r["id"], passage_text(r["title"], r["text"])) for r in store.catalog.db.execute(
-        "SELECT c.id, c.text, s.title FROM chunks c JOIN sources s ON s.id = c.source_id "
-        "WHERE c.kb_id = ? ORDER BY c.rowid", (rec.id,))], [], gen)
-    times["tantivy"] = time.perf_counter() - t0
-    ti.close()
+    # The other engine beside it, from the same rows (the product removes the other engine's
+    # folder on a switch; the bench keeps both so it can switch between them without rebuilding).
+    for other in engines[1:]:
+        t0 = time.perf_counter()
+        ti = keyword_engine.create(other, keyword_engine.folder_for(kb.dir, other))
+        ti.write(((r["id"], passage_text(r["title"], r["text"])) for r in store.catalog.db.execute(
+            "SELECT c.id, c.text, s.title FROM chunks c JOIN sources s ON s.id = c.source_id "
+            "WHERE c.kb_id = ? ORDER BY c.rowid", (rec.id,))), [], gen)
+        times[other] = time.perf_counter() - t0
+        ti.close()
     del vi
     t0 = time.perf_counter()
     fts = sqlite3.connect(home / "fts5.sqlite")
@@ -209,10 +218,10 @@ def run_modes(store: Store, qs: list[str], modes: tuple[str, ...]) -> dict[str, 
     return out
 
 
-def keyword_row(home: Path, store: Store, qs: list[str], rounds: int) -> None:
+def keyword_row(home: Path, store: Store, qs: list[str], rounds: int, engines: tuple[str, ...]) -> None:
     """Raw keyword search per engine and FTS5 on the same terms, interleaved query by query."""
     kb = store.open_kb("bench")
-    kis = {e: keyword_engine.load(e, keyword_engine.folder_for(kb.dir, e)) for e in ENGINES}
+    kis = {e: keyword_engine.load(e, keyword_engine.folder_for(kb.dir, e)) for e in engines}
     fts = sqlite3.connect(home / "fts5.sqlite")
     want = fetch_k(8)
 
@@ -239,7 +248,7 @@ def keyword_row(home: Path, store: Store, qs: list[str], rounds: int) -> None:
                 t0 = time.perf_counter()
                 got[n] = runners[n](terms)
                 this[n].append((time.perf_counter() - t0) * 1000)
-            if r == 0 and got["whoosh"]:
+            if r == 0 and len(kis) == 2 and got["whoosh"]:
                 overlap.append(len(set(got["whoosh"]) & set(got["tantivy"])) / len(got["whoosh"]))
         for n in names:
             lat[n] += this[n]
@@ -248,11 +257,15 @@ def keyword_row(home: Path, store: Store, qs: list[str], rounds: int) -> None:
     for n in names:
         print(f"{n_chunks:7} keyword-only {n:8} p50 {statistics.median(lat[n]):7.2f}  "
               f"p95 {pct(lat[n], .95):7.2f} ms   per-round p50 min/med/max {spread(per_round[n])}")
-    ratios = [w / t for w, t in zip(per_round["whoosh"], per_round["tantivy"], strict=True)]
-    fts_r = [f / t for f, t in zip(per_round["fts5"], per_round["tantivy"], strict=True)]
-    print(f"{n_chunks:7} keyword-only whoosh/tantivy p50 ratio min/med/max {spread(ratios)}; "
-          f"fts5/tantivy {spread(fts_r)}; top-{want} overlap whoosh vs tantivy "
-          f"{statistics.mean(overlap):.3f} over {len(overlap)} queries")
+    last = engines[-1]
+    fts_r = [f / t for f, t in zip(per_round["fts5"], per_round[last], strict=True)]
+    if len(kis) == 2:
+        ratios = [w / t for w, t in zip(per_round["whoosh"], per_round["tantivy"], strict=True)]
+        print(f"{n_chunks:7} keyword-only whoosh/tantivy p50 ratio min/med/max {spread(ratios)}; "
+              f"fts5/tantivy {spread(fts_r)}; top-{want} overlap whoosh vs tantivy "
+              f"{statistics.mean(overlap):.3f} over {len(overlap)} queries")
+    else:
+        print(f"{n_chunks:7} keyword-only fts5/{last} p50 ratio min/med/max {spread(fts_r)}")
     fts.close()
     for ki in kis.values():
         ki.close()
@@ -288,22 +301,37 @@ print(json.dumps({'open': t_open, 'imports': t_imports, 'kb': t_kb, 'indexes': t
 
 ADD = """
 import json, sys, time
+t0 = time.perf_counter()
 from localkb.config import Settings
 from localkb.ingest.extract import extract_text
 from localkb.ingest.pipeline import add_document
-from localkb.store.kb import Store
+from localkb.store.kb import KnowledgeBase, Store
+from localkb.store.vectors import VectorIndex
+phases = {'imports': time.perf_counter() - t0}
+t1 = time.perf_counter()
 s = Store(Settings.from_env())
 kb = s.open_kb('bench')
+phases['store open'] = time.perf_counter() - t1
+t1 = time.perf_counter()
+vi, ki = kb.indexes()
+phases['indexes open'] = time.perf_counter() - t1
+t1 = time.perf_counter()
 kb.embedder.embed(['warm up the model'])  # the host has its model loaded; time the write
-spent = []
-real_embed = kb.embedder.embed
-def timed_embed(*a, **k):
-    t = time.perf_counter()
-    try:
-        return real_embed(*a, **k)
-    finally:
-        spent.append(time.perf_counter() - t)
-kb.embedder.embed = timed_embed
+phases['model choice, load, first run'] = time.perf_counter() - t1
+spent = {}
+def timed(cls, name, label):
+    real = getattr(cls, name)
+    def wrapper(*a, **k):
+        t = time.perf_counter()
+        try:
+            return real(*a, **k)
+        finally:
+            spent[label] = spent.get(label, 0.0) + time.perf_counter() - t
+    setattr(cls, name, wrapper)
+timed(type(kb.embedder), 'embed', 'embed')
+timed(KnowledgeBase, 'write', 'store write')
+timed(type(ki), 'write', 'keyword write')
+timed(VectorIndex, 'save', 'vector save')
 def hwm_mb():  # VmHWM, not ru_maxrss: a child's ru_maxrss starts at its parent's RSS at fork
     status = dict(line.split(':', 1) for line in open('/proc/self/status') if ':' in line)
     return int(status['VmHWM'].split()[0]) / 1024
@@ -311,14 +339,35 @@ before = hwm_mb()
 i = int(sys.argv[1])
 text = ' '.join(f'Note {i} paragraph {p}: the interleukin assay on cohort {i} gave a new reading.'
                 for p in range(25))
-t0 = time.perf_counter()
+t1 = time.perf_counter()
 add_document(kb, extract_text(text, title=f'Bench note {i}'), key=f'note:{i}')
-t_add = time.perf_counter() - t0
+t_add = time.perf_counter() - t1
 vi, ki = kb.indexes()
-print(json.dumps({'add': t_add, 'embed': sum(spent), 'rss_before_mb': before,
+print(json.dumps({'add': t_add, 'embed': spent.get('embed', 0.0), 'spent': spent, 'phases': phases,
+                  'process': time.perf_counter() - t0, 'rss_before_mb': before,
                   'peak_mb': hwm_mb(),
                   'passages': s.catalog.counts(kb.id)['chunks'], 'log': vi.log_size(),
                   'segments': ki.segment_count()}))
+"""
+
+
+FOLD = """
+import json, time
+from localkb.config import Settings
+from localkb.store.kb import Store
+s = Store(Settings.from_env())
+kb = s.open_kb('bench')
+vi, ki = kb.indexes()
+def hwm_mb():
+    status = dict(line.split(':', 1) for line in open('/proc/self/status') if ':' in line)
+    return int(status['VmHWM'].split()[0]) / 1024
+before = hwm_mb()
+records = vi.log_size()['records']
+t0 = time.perf_counter()
+with s.lock.hold():
+    vi.fold(vi.generation)
+print(json.dumps({'fold': time.perf_counter() - t0, 'records': records, 'rss_before_mb': before,
+                  'peak_mb': hwm_mb(), 'base': len(vi)}))
 """
 
 
@@ -328,13 +377,14 @@ def subprocess_json(code: str, home: Path, *args: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def cold_and_writes(home: Path, store: Store, qs: list[str], rounds: int, n: int) -> None:
-    cold: dict[str, list[dict]] = {e: [] for e in ENGINES}
+def cold_and_writes(home: Path, store: Store, qs: list[str], rounds: int, n: int,
+                    engines: tuple[str, ...]) -> None:
+    cold: dict[str, list[dict]] = {e: [] for e in engines}
     for r in range(rounds):
-        for e in rotated(list(ENGINES), r):
+        for e in rotated(list(engines), r):
             use_engine(store, e).close()
             cold[e].append(subprocess_json(COLD, home, json.dumps(qs[:52])))
-    for e in ENGINES:
+    for e in engines:
         c = cold[e]
         print(f"{n:7} cold open {e:8} (new process) min/med/max {spread([x['open'] * 1000 for x in c])} ms"
               f" = imports {spread([x['imports'] * 1000 for x in c])} + store and embedder choice "
@@ -344,19 +394,34 @@ def cold_and_writes(home: Path, store: Store, qs: list[str], rounds: int, n: int
               f"{spread([x['second'] * 1000 for x in c])} ms; RSS after 50 queries "
               f"{spread([x['rss_mb'] for x in c])} MB (peak {max(x['hwm_mb'] for x in c):.0f})")
     # "add one note" on a copy per engine, so the measured knowledge base stays as built.
-    for e in ENGINES:
+    for e in engines:
         use_engine(store, e).close()
         with tempfile.TemporaryDirectory(prefix="localkb-bench-add-") as tmp:
             copy = Path(tmp) / "home"
             shutil.copytree(home, copy, ignore=shutil.ignore_patterns("fts5.sqlite", "built.json"))
             adds = [subprocess_json(ADD, copy, str(i)) for i in range(rounds + 2)]
+            fold = subprocess_json(FOLD, copy) if e == engines[0] else None
         print(f"{n:7} add one note ({adds[0]['passages'] - n} passages) {e:8} min/med/max "
-              f"{spread([a['add'] for a in adds])} s, of which embedding "
-              f"{spread([a['embed'] for a in adds])} s, the rest (chunk, catalogue, indexes) "
-              f"{spread([a['add'] - a['embed'] for a in adds])} s; "
+              f"{spread([a['add'] for a in adds])} s in a process with the model loaded (the host), "
+              f"of which embedding {spread([a['embed'] for a in adds])} s, the rest (chunk, "
+              f"catalogue, indexes) {spread([a['add'] - a['embed'] for a in adds])} s; "
               f"peak RSS {spread([a['peak_mb'] for a in adds])} MB "
               f"(before the add {statistics.median([a['rss_before_mb'] for a in adds]):.0f} MB, the model "
               f"loaded); vector log after: {adds[-1]['log']}; keyword segments {adds[-1]['segments']}")
+        inside = sorted({k for a in adds for k in a["spent"]} - {"embed"})
+        print(f"{n:7}   inside the add (median s): " + ", ".join(
+            f"{k} {statistics.median([a['spent'].get(k, 0.0) for a in adds]):.3f}" for k in inside)
+            + " (store write = catalogue transaction + both indexes)")
+        print(f"{n:7}   a new process (what `localkb add` pays before the add, fixed whatever the size; "
+              f"median s): " + ", ".join(
+                  f"{k} {statistics.median([a['phases'][k] for a in adds]):.3f}" for k in adds[0]["phases"])
+              + f"; whole process to the end of the add {spread([a['process'] for a in adds])} s")
+        if fold is not None:
+            every = adds[-1]["log"]["fold_at"]
+            print(f"{n:7}   the write that folds the vector log (one in every ~{every:,} "
+                  f"changed passages) rewrites the base: {fold['fold']:.2f} s for {fold['records']} logged "
+                  f"records into {fold['base']:,} vectors, peak RSS {fold['peak_mb']:.0f} MB "
+                  f"(before {fold['rss_before_mb']:.0f} MB, no model loaded)")
 
 
 def main() -> None:
@@ -367,13 +432,17 @@ def main() -> None:
     ap.add_argument("--real-vectors-up-to", type=int, default=3000)
     ap.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "localkb-bench-search"))
     ap.add_argument("--build-only", action="store_true", help="build (and cache) the knowledge bases")
+    ap.add_argument("--whoosh-up-to", type=int, default=None,
+                    help="above this many passages build and measure tantivy only (what auto uses there)")
     args = ap.parse_args()
     root = Path(args.cache)
     qs = queries(args.queries)
     print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores "
           "(a shared machine: read the ratios)")
     for size in args.sizes:
-        home = build(root, size, args.real_vectors_up_to)
+        wanted = ENGINES if args.whoosh_up_to is None or size <= args.whoosh_up_to else ("tantivy",)
+        home = build(root, size, args.real_vectors_up_to, wanted)
+        engines = built_engines(home)
         built = json.loads((home / "built.json").read_text())
         if args.build_only:
             print(f"built {size}: {built}", flush=True)
@@ -386,7 +455,7 @@ def main() -> None:
         p50s: dict[tuple[str, str], list[float]] = {}
         stages: dict[tuple[str, str], dict] = {}
         for r in range(args.rounds):
-            order = rotated(list(ENGINES), r)
+            order = rotated(list(engines), r)
             for e in order:
                 use_engine(store, e)
                 Searcher(store).search(["bench"], "warm up")
@@ -404,12 +473,15 @@ def main() -> None:
             where = "  ".join(f"{k} {statistics.median(v):.2f}" for k, v in stages[(e, mode)].items())
             print(f"{n:8} {e:8} {mode:8} {statistics.median(ms):7.1f} {pct(ms, .95):7.1f}  "
                   f"{spread(p50s[(e, mode)]):>22}   {where}")
-        for mode in ("keyword", "hybrid"):
+        for mode in ("keyword", "hybrid") if len(engines) == 2 else ():
             ratio = [w / t for w, t in zip(p50s[("whoosh", mode)], p50s[("tantivy", mode)], strict=True)]
             print(f"{n:8} {mode} p50 whoosh/tantivy per round min/med/max {spread(ratio)}")
-        keyword_row(home, store, qs, args.rounds)
+        if len(engines) < len(ENGINES):
+            print(f"{n:8} keyword engines measured: {', '.join(engines)} (the others were not built at "
+                  "this size: --whoosh-up-to)")
+        keyword_row(home, store, qs, args.rounds, engines)
         store.close()
-        cold_and_writes(home, Store(settings_for(home)), qs, args.rounds, n)
+        cold_and_writes(home, Store(settings_for(home)), qs, args.rounds, n, engines)
 
 
 if __name__ == "__main__":

@@ -269,3 +269,38 @@ def test_a_search_never_rereads_the_whoosh_table_of_contents(store, kb, monkeypa
     assert reads == []
     _fill(kb, 7)  # a write still shows: the next search counts the new passage
     assert kb.indexes()[1].doc_count() == 7
+
+
+def _whoosh_of(folder: Path, n: int):
+    ki = keyword_engine.create("whoosh", folder)
+    ki.write([(f"p{i}", f"passage {i} about cells and growth factor {i * 7} in cohort {i % 97}, "
+                        f"assay ERR_{i}") for i in range(n)], [], 1)
+    ki.close()
+    return keyword_engine.load("whoosh", folder)
+
+
+def test_opening_and_writing_a_whoosh_index_costs_the_same_at_4x_the_size(tmp_path: Path):
+    """A write must cost what it writes, not what the index holds. Whoosh's mmap'd compound
+    segments were copied whole into a BytesIO by every reader opened on them (the searcher, and
+    a writer's own for its deletions): memory allocated by opening the index and by a one-note
+    write grew with the index (2x of it for the write, ~150 MB at 30,000 passages)."""
+    import tracemalloc
+
+    peaks = {}
+    for n in (1000, 4000):
+        ki = _whoosh_of(tmp_path / f"kw{n}", n)
+        tracemalloc.start()
+        try:
+            assert ki.doc_count() == n  # opens the searcher
+            opened = tracemalloc.get_traced_memory()[1]
+            tracemalloc.reset_peak()
+            ki.write([("note", "a small note about cells")], [], 2)
+            written = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert ki.doc_count() == n + 1 and ki.chunks_with("note") == ["note"]
+        ki.close()
+        peaks[n] = (opened, written)
+    (open_1k, write_1k), (open_4k, write_4k) = peaks[1000], peaks[4000]
+    assert open_4k < 1.5 * open_1k + 100_000, peaks
+    assert write_4k < 1.5 * write_1k, peaks

@@ -114,8 +114,9 @@ def test_a_write_past_the_fold_line_holds_its_vectors_once(tmp_path: Path) -> No
         held, _peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    # The slices' arrays (12,000 x 128 float32 = 6.1 MB) are in the HNSW graph, not kept twice.
-    assert held < 2_000_000, f"{held:,} bytes still held for log records"
+    # The slices' arrays (12,000 x 128 float32 = 6.1 MB) are held once, in the changed vectors'
+    # array (which grows by half, so up to 1.5x of them), not a second time as log records.
+    assert held < 1.5 * n * dim * 4, f"{held:,} bytes still held for log records"
     vi.save(1)
     again = VectorIndex.load(vi.path, "m", dim)
     assert (len(again), again.base_count, again.log_size()["records"]) == (n, n, 0)
@@ -134,3 +135,25 @@ def test_a_big_write_over_a_base_folds_removes_and_upserts_whole(base: VectorInd
     assert not again.contains(5) and again.contains(105) and again.contains(22_999)
     hit = again.search(unit(10, 77)[3], 1, exact_below=10**6)
     assert hit.keys.tolist() == [103] and hit.similarities[0] > 0.999
+
+
+def test_opening_an_index_replays_its_log_without_building_a_graph(base: VectorIndex, monkeypatch) -> None:
+    """A fresh process (every ``localkb add``) opens the index and replays the log: the changed
+    vectors were inserted into an HNSW graph one by one although that graph is only ever searched
+    exactly (up to 9,375 insertions at 300,000 passages, seconds per open). Counted: vectors
+    inserted into any usearch graph while the log is replayed, and while a write is noted."""
+    base.upsert(np.arange(5000, 5500, dtype=np.uint64), unit(500, 2))
+    base.remove(np.arange(0, 30, dtype=np.uint64))
+    base.save(2)
+    inserted = []
+    index_cls = vmod._index_class()
+    real_add = index_cls.add
+    monkeypatch.setattr(index_cls, "add", lambda self, keys, vectors, **kw: (
+        inserted.append(len(np.atleast_1d(keys))), real_add(self, keys, vectors, **kw))[1])
+    again = VectorIndex.load(base.path, "m", DIM)
+    assert (len(again), again.generation) == (2470, 2)
+    again.upsert(np.arange(6000, 6010, dtype=np.uint64), unit(10, 3))
+    again.save(3)
+    assert sum(inserted) == 0, inserted
+    hit = again.search(unit(1, 2)[0], 1, exact_below=10**6)  # the first logged vector finds itself
+    assert hit.keys.tolist() == [5000] and hit.similarities[0] > 0.999
