@@ -359,3 +359,31 @@ def test_a_lower_case_prefix_on_an_acronym_is_a_word_not_a_code_name(store, kb):
     res = search(store, "does siRNA silence genes")
     st = res.statuses[0]
     assert st.exact_terms == [] and st.missing_terms == [] and st.status == "passages", st
+
+
+def test_a_page_is_titled_as_its_author_declared_not_by_an_admonition_heading():
+    """Before: "Note" — trafilatura took an admonition's ``h3.title`` over the page's own
+    ``<title>`` (51 of the PostgreSQL manual's 1,168 pages were titled Note, Tip, Caution,
+    Warning or Important)."""
+    page = ('<html><head><title>COPY</title></head><body><div class="refentry">'
+            '<h2><span class="refentrytitle">COPY</span></h2><p>COPY — copy data between a '
+            'file and a table</p><h2>Description</h2><p>COPY moves data between PostgreSQL '
+            'tables and standard file-system files. COPY TO copies the contents of a table '
+            'to a file, while COPY FROM copies data from a file to a table.</p>'
+            '<div class="note"><h3 class="title">Note</h3><p>COPY stops operation at the '
+            'first error. This should not lead to problems in the event of a COPY TO.</p></div>'
+            '</div></body></html>')
+    assert extract_html(page).title == "COPY"
+    # What the page's author declared still loses to nothing: a single h1 that the <title>
+    # holds (Sphinx: "asyncio — Asynchronous I/O — Python 3.11 documentation") stays the title.
+    sphinx = ('<html><head><title>asyncio — Asynchronous I/O — Python 3.11 documentation</title>'
+              '</head><body><h1>asyncio — Asynchronous I/O<a class="headerlink" href="#x">¶</a>'
+              '</h1><p>asyncio is a library to write concurrent code using the async/await '
+              'syntax, used as a foundation for multiple Python frameworks.</p></body></html>')
+    assert extract_html(sphinx).title == "asyncio — Asynchronous I/O"
+    # A page whose <title> is generic keeps the article's one h1.
+    app = ('<html><head><title>Dashboard</title></head><body><article><h1>Quarterly '
+           'warranty figures</h1><p>The warranty claims for the SKU-88-A fell by a third '
+           'over the quarter, while returns held steady across every region.</p></article>'
+           '</body></html>')
+    assert extract_html(app).title == "Quarterly warranty figures"

@@ -106,7 +106,7 @@ def extract_html(html: str | bytes, *, url: str | None = None, title: str | None
         html = decode_text(html)
     if not html.strip():
         raise InvalidDocument("the page is empty")
-    html = _prepare_html(html)
+    html, declared = _prepare_html(html)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -128,7 +128,8 @@ def extract_html(html: str | bytes, *, url: str | None = None, title: str | None
     text = _tidy(_definitions(text))
     if not text:
         raise InvalidDocument("no text could be extracted from the page")
-    page_title = title or (meta.title if meta and meta.title else None) or _html_title(html)
+    page_title = title or _page_title(meta.title if meta and meta.title else None, declared) \
+        or _html_title(html)
     lang = meta.language if meta and getattr(meta, "language", None) else None
     return Document(
         title=clean_title(page_title or url or "Untitled page")[:300],
@@ -178,15 +179,50 @@ def _qualify_signature(dt) -> None:
     target.text = full[: -len(shown)] + (target.text or "")
 
 
-def _prepare_html(html: str) -> str:
+@dataclass(frozen=True)
+class DeclaredTitles:
+    """The titles a page's author declared: its ``<title>``, its social-card titles, its h1s."""
+
+    title: str | None = None
+    others: tuple[str, ...] = ()
+
+    def holds(self, guess: str) -> bool:
+        low = clean_title(guess).casefold()
+        return any(low in clean_title(t).casefold() for t in (self.title or "", *self.others) if t)
+
+
+def _declared_titles(tree) -> DeclaredTitles:
+    texts = [_tidy(t.text_content()) for t in tree.xpath("//head/title | //title")[:1]]
+    others = [_tidy(m.get("content") or "") for m in tree.xpath(
+        "//meta[@property='og:title' or @name='og:title' or @name='twitter:title']")]
+    others += [_tidy(h.text_content()) for h in tree.xpath("//h1")]
+    return DeclaredTitles(texts[0] if texts and texts[0] else None, tuple(t for t in others if t))
+
+
+def _page_title(guess: str | None, declared: DeclaredTitles) -> str | None:
+    """trafilatura's title when the author declared it (in ``<title>``, a social-card title or
+    an h1); otherwise the page's own ``<title>``.
+
+    trafilatura falls back on headings with "title" in their class, and DocBook writes every
+    admonition's heading that way (``<h3 class="title">Note</h3>``): 51 of the PostgreSQL
+    manual's 1,168 pages came out titled Note, Tip, Caution, Warning or Important.
+    """
+    if guess and (declared.holds(guess) or not declared.title):
+        return guess
+    return declared.title or guess
+
+
+def _prepare_html(html: str) -> tuple[str, DeclaredTitles]:
     """The page made ready for trafilatura: permalink marks dropped, Sphinx signatures named in
-    full, definition terms and descriptions marked (``_definitions`` writes them back)."""
+    full, definition terms and descriptions marked (``_definitions`` writes them back); and
+    the titles its author declared (read before the permalink marks go)."""
     import lxml.html
 
     try:
         tree = lxml.html.fromstring(_XML_DECLARATION.sub("", html, count=1))
     except Exception:
-        return html
+        return html, DeclaredTitles()
+    declared = _declared_titles(tree)
     for a in tree.xpath("//a[@href]"):
         if _is_permalink(a):
             a.drop_tree()  # keeps its tail text
@@ -195,7 +231,7 @@ def _prepare_html(html: str) -> str:
     for el, mark in [(dt, _TERM_MARK) for dt in tree.xpath("//dt")] + [
             (dd, _DESC_MARK) for dd in tree.xpath("//dd")]:
         el.text = f"{mark} {el.text or ''}"
-    return lxml.html.tostring(tree, encoding="unicode")
+    return lxml.html.tostring(tree, encoding="unicode"), declared
 
 
 def _definitions(text: str) -> str:
