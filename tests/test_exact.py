@@ -387,3 +387,27 @@ def test_a_page_is_titled_as_its_author_declared_not_by_an_admonition_heading():
            'over the quarter, while returns held steady across every region.</p></article>'
            '</body></html>')
     assert extract_html(app).title == "Quarterly warranty figures"
+
+
+def test_an_admonition_label_is_a_label_not_a_heading_that_defines_what_follows():
+    """Before: ``### Tip The other locale settings lc_messages, lc_monetary, lc_numeric…`` — the
+    DocBook admonition's ``h3.title`` came out as a heading holding the whole paragraph, so
+    every name in it read as defined there (the lc_numeric query ranked CREATE DATABASE's
+    tip above the page that documents lc_numeric)."""
+    from localkb.ingest.chunk import defining_spans
+
+    page = ('<html><head><title>CREATE DATABASE</title></head><body><div class="refentry">'
+            '<h2>Parameters</h2><div class="variablelist"><dl class="variablelist">'
+            '<dt><span class="term"><em class="replaceable"><code>locale</code></em></span></dt>'
+            '<dd><p>This is a shortcut for setting <code>LC_COLLATE</code> and <code>LC_CTYPE</code> '
+            'at once.</p><div class="tip"><h3 class="title">Tip</h3><p>The other locale settings '
+            'lc_messages, lc_monetary, lc_numeric, and lc_time are not fixed per database and are '
+            'not set by this command.</p></div></dd></dl></div>'
+            '<div class="admonition note"><p class="admonition-title">Note</p><p>Sphinx writes '
+            'its notes this way; lc_time is only mentioned here.</p></div></div></body></html>')
+    doc = extract_html(page)
+    assert "lc_numeric" in doc.text
+    headings = [line for line in doc.text.split("\n") if line.startswith("#")]
+    assert not [h for h in headings if "lc_numeric" in h], doc.text
+    spans = " ".join(defining_spans(doc.title, doc.text))
+    assert "lc_numeric" not in spans and "lc_time" not in spans, spans

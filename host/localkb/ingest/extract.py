@@ -212,6 +212,35 @@ def _page_title(guess: str | None, declared: DeclaredTitles) -> str | None:
     return declared.title or guess
 
 
+#: Containers of notes, tips and warnings, as DocBook (``div.note``) and Sphinx
+#: (``div.admonition``) write them.
+_ADMONITIONS = "//div[" + " or ".join(
+    f"contains(concat(' ', normalize-space(@class), ' '), ' {c} ')"
+    for c in ("note", "tip", "hint", "warning", "caution", "important", "attention", "danger",
+              "admonition")) + "]"
+
+
+def _label_admonitions(tree) -> None:
+    """An admonition's heading ("Note", "Tip") becomes a bold label of its own paragraph.
+
+    It labels a box; it is not a section of the page. As a heading, trafilatura ran it
+    into the box's first paragraph inside a definition (``### Tip The other locale
+    settings lc_messages, …``), the chunker opened a section there and every name of the
+    paragraph read as defined by it.
+    """
+    import lxml.html
+
+    for box in tree.xpath(_ADMONITIONS):
+        for head in box.xpath("./h1|./h2|./h3|./h4|./h5|./h6|./p[contains(@class, 'admonition-title')]"):
+            label = " ".join(head.text_content().split())
+            para = lxml.html.Element("p")
+            strong = lxml.html.Element("strong")
+            strong.text = label
+            para.append(strong)
+            para.tail = head.tail
+            head.getparent().replace(head, para)
+
+
 def _prepare_html(html: str) -> tuple[str, DeclaredTitles]:
     """The page made ready for trafilatura: permalink marks dropped, Sphinx signatures named in
     full, definition terms and descriptions marked (``_definitions`` writes them back); and
@@ -223,6 +252,7 @@ def _prepare_html(html: str) -> tuple[str, DeclaredTitles]:
     except Exception:
         return html, DeclaredTitles()
     declared = _declared_titles(tree)
+    _label_admonitions(tree)
     for a in tree.xpath("//a[@href]"):
         if _is_permalink(a):
             a.drop_tree()  # keeps its tail text
