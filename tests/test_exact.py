@@ -411,3 +411,17 @@ def test_an_admonition_label_is_a_label_not_a_heading_that_defines_what_follows(
     assert not [h for h in headings if "lc_numeric" in h], doc.text
     spans = " ".join(defining_spans(doc.title, doc.text))
     assert "lc_numeric" not in spans and "lc_time" not in spans, spans
+
+
+def test_a_table_the_extractor_drops_is_kept_and_its_names_are_found():
+    """Before: "no passage mentions enumtypid" — trafilatura 2.3 left out the whole column
+    table of this page (PostgreSQL 15 manual, catalog-pg-enum.html, PostgreSQL Licence) and
+    of 5 others of the manual's 1,169, so the names it documents read as absent."""
+    page = (REPO / "tests" / "data" / "pgdocs-catalog-pg-enum.html").read_text(encoding="utf-8")
+    doc = extract_html(page)
+    for name in ("enumtypid", "enumsortorder", "enumlabel"):
+        assert name in doc.text, name
+    # In its place: after the table's caption, before the text that follows the table.
+    text = doc.text
+    assert text.index("Table 53.20") < text.index("enumtypid") < text.index("The OIDs for")
+    assert [line for line in text.split("\n") if line.startswith("| ") and "enumtypid" in line]
