@@ -295,6 +295,42 @@ def test_every_absent_query_really_is_absent():
     assert build.absent_pattern("jsonb_set").search("jsonb_setting") is None
 
 
+def test_the_pydocs_set_is_judged_by_sphinxs_index_and_its_absent_names_are_checked(tmp_path):
+    """evals/pydocs/build.py on a two-page library with its general index: identifiers from the
+    anchors, concepts from top-level entries only, absent names dropped when a page holds them."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pydocs_build", REPO / "evals" / "pydocs" / "build.py")
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    docs = tmp_path / "html"
+    (docs / "library").mkdir(parents=True)
+    (docs / "library" / "asyncio-task.html").write_text(
+        "<html><head><title>Coroutines and Tasks</title></head><body><h1>Coroutines and Tasks</h1>"
+        '<dl><dt id="asyncio.Task.done">done()</dt><dd>Return True if the Task is done.</dd></dl>'
+        "<p>See also copy.replace for records.</p></body></html>", encoding="utf-8")
+    (docs / "library" / "os.html").write_text(
+        "<html><head><title>os</title></head><body><h1>os</h1><p>Miscellaneous operating system "
+        "interfaces.</p></body></html>", encoding="utf-8")
+    (docs / "genindex-all.html").write_text(
+        '<html><body><table class="indextable genindextable"><tr><td><ul>'
+        '<li><a href="library/asyncio-task.html#asyncio.Task.done">done() (asyncio.Task method)</a></li>'
+        '<li><a href="library/os.html#index-3">operating system interfaces</a><ul>'
+        '<li><a href="library/os.html#index-4">miscellaneous</a></li></ul></li>'
+        '<li><a href="reference/datamodel.html#object.__init__">__init__() (object method)</a></li>'
+        "</ul></td></tr></table></body></html>", encoding="utf-8")
+    got = build.build(docs, tmp_path / "set", identifiers=10, concepts=10)
+    queries = [json.loads(line) for line in (tmp_path / "set" / "queries.jsonl").read_text().splitlines()]
+    by_kind = {k: sorted(q["text"] for q in queries if q["kind"] == k)
+               for k in ("identifier", "concept", "absent")}
+    assert by_kind["identifier"] == ["asyncio.Task.done"]  # outside library/: not judged
+    assert by_kind["concept"] == ["operating system interfaces"]  # the sub-entry alone means nothing
+    assert "copy.replace" not in by_kind["absent"] and "pathlib.Path.walk" in by_kind["absent"]
+    assert got["pages"] == 2 and got["absent"] == len(build.ABSENT) - 1
+    qrels = "".join((tmp_path / "set" / "qrels" / f"{split}.tsv").read_text() for split in ("dev", "test"))
+    assert "asyncio-task.html\t1" in qrels and "os.html\t1" in qrels
+
+
 def _guc_page(name, description):
     return ('<html><head><title>20.5. Write Ahead Log</title></head><body><h1>20.5. Write Ahead Log'
             '</h1><div class="variablelist"><dl class="variablelist"><dt><span class="term"><code '
