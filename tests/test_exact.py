@@ -365,6 +365,27 @@ def test_the_page_that_defines_a_name_comes_before_pages_that_only_use_it(store,
     assert "defines" not in res.trace["kbs"][kb.id]["weights"]
 
 
+def test_a_row_of_a_listing_is_no_definition_where_a_page_has_the_names_own_entry(store, kb):
+    """Before: the locale overview, whose table lists ``LC_NUMERIC`` in a first cell, sat in the
+    definitions' list beside the page whose definition term is ``lc_numeric`` (and, helped by
+    the vector list, came first: the PostgreSQL manual's lc_numeric, lc_time, lc_ctype)."""
+    add_document_to(kb, extract_html(_guc_page(
+        "lc_numeric", "Sets the locale to use for formatting numbers, for example with the "
+        "to_char family of functions.").replace("20.5. Write Ahead Log", "20.11. Client Defaults")),
+        key="page:client")
+    add(kb, "locale", "24.1. Locale Support",
+        "| Category | Use |\n|---|---|\n| `LC_COLLATE` | String sort order |\n"
+        "| `LC_NUMERIC` | Number formatting |\n| `LC_TIME` | Date and time formatting |\n\n"
+        "Locale support lets applications format numbers, money and dates as each country does.")
+    res = search(store, "lc_numeric", per_source=1, k=3)
+    lists = {h.title: h.lists for h in res.hits}
+    assert "defines" in lists["20.11. Client Defaults"], lists
+    assert "defines" not in lists["24.1. Locale Support"], lists
+    # Where no page has an entry of its own, a listing's first cell is the definition there is.
+    res = search(store, "LC_COLLATE", per_source=1, k=3)
+    assert "defines" in {h.title: h.lists for h in res.hits}["24.1. Locale Support"]
+
+
 def test_defining_spans_are_titles_headings_terms_first_cells_and_signatures():
     from localkb.ingest.chunk import defining_spans
 
