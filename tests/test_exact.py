@@ -106,6 +106,22 @@ def test_loose_parts_never_match(any_store, tasks_kb):
     assert st.missing_terms == [] and st.status == "passages"
 
 
+def test_a_phrase_back_off_is_the_parts_as_written_not_their_stems_across_another_name(any_store, tasks_kb):
+    """Before: ``warnings.deprecated`` (Python 3.13) was "1 passage" on Python 3.11's docs — its
+    parts' stems ``warn deprec`` sat side by side in ``warnings.warn("deprecated")``, the
+    last part of one name and the next word."""
+    store = any_store
+    add(tasks_kb, "warn", "warnings — Warning control",
+        'def fxn():\n    warnings.warn("deprecated", DeprecationWarning)\n'
+        "Warnings raised by deprecated features are listed below.")
+    st = search(store, "warnings.deprecated").statuses[0]
+    assert st.missing_terms == ["warnings.deprecated"] and st.status != "passages", st
+    # The parts written in a row, as the issue asks ("Task done" for Task.done), still count.
+    add(tasks_kb, "dep", "Deprecations", "The warnings deprecated flag lists what will go.")
+    st = search(store, "warnings.deprecated").statuses[0]
+    assert st.missing_terms == [] and st.status == "passages", st
+
+
 def test_versions_are_one_term_and_never_a_longer_or_swapped_one(any_store, tasks_kb):
     store = any_store
     from localkb.store.analysis import analyze, plan_query

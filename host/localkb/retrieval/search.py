@@ -9,6 +9,7 @@ unavailable, with the numbers behind it.
 
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -206,6 +207,8 @@ def find_exact_terms(legs: Legs, plan: QueryPlan) -> list[TermMatch]:
         extra: list[str] = []
         for alt in e.backoff:
             ids = legs.phrase(alt.phrase, limit=MAX_BACKOFF)
+            if ids and len(alt.phrase) > 1:
+                ids = _written_in_order(legs, ids, alt.label)
             if ids and alt.context:
                 ids = _on_pages_holding(legs, ids, alt.context)
             if ids:
@@ -216,6 +219,23 @@ def find_exact_terms(legs: Legs, plan: QueryPlan) -> list[TermMatch]:
         out.append(TermMatch(e, "backoff", via, frozenset(chunks), tuple(extra)) if chunks
                    else TermMatch(e, "missing"))
     return out
+
+
+def _written_in_order(legs: Legs, ids: list[str], label: str) -> list[str]:
+    """The passages of ``ids`` where the parts are written in a row as typed, not only their stems.
+
+    The index holds stems, and a code-like token's parts each take a position, so the
+    phrase ``warn deprec`` of ``warnings.deprecated`` also sits in
+    ``warnings.warn("deprecated")`` — the last part of one name and the next word. The
+    parts, in any case, joined by at most three spaces or punctuation marks and not inside
+    a longer word, are what the back-off means ("Task done", "ERR 4521", "ERR-4521").
+    """
+    words = [re.escape(w) for w in label.split() if w]
+    pattern = re.compile(r"(?<![A-Za-z0-9])" + r"[\W_]{0,3}".join(words) + r"(?![A-Za-z0-9])",
+                         re.IGNORECASE)
+    rows = legs.rows([vector_key(c) for c in ids], None)
+    keep = {row.id for row in rows.values() if pattern.search(passage_text(row.title, row.text))}
+    return [c for c in ids if c in keep]
 
 
 def _on_pages_holding(legs: Legs, ids: list[str], context: tuple[str, ...]) -> list[str]:
