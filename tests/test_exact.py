@@ -106,6 +106,22 @@ def test_loose_parts_never_match(any_store, tasks_kb):
     assert st.missing_terms == [] and st.status == "passages"
 
 
+def test_a_phrase_back_off_is_the_parts_as_written_not_their_stems_across_another_name(any_store, tasks_kb):
+    """Before: ``warnings.deprecated`` (Python 3.13) was "1 passage" on Python 3.11's docs — its
+    parts' stems ``warn deprec`` sat side by side in ``warnings.warn("deprecated")``, the
+    last part of one name and the next word."""
+    store = any_store
+    add(tasks_kb, "warn", "warnings — Warning control",
+        'def fxn():\n    warnings.warn("deprecated", DeprecationWarning)\n'
+        "Warnings raised by deprecated features are listed below.")
+    st = search(store, "warnings.deprecated").statuses[0]
+    assert st.missing_terms == ["warnings.deprecated"] and st.status != "passages", st
+    # The parts written in a row, as the issue asks ("Task done" for Task.done), still count.
+    add(tasks_kb, "dep", "Deprecations", "The warnings deprecated flag lists what will go.")
+    st = search(store, "warnings.deprecated").statuses[0]
+    assert st.missing_terms == [] and st.status == "passages", st
+
+
 def test_versions_are_one_term_and_never_a_longer_or_swapped_one(any_store, tasks_kb):
     store = any_store
     from localkb.store.analysis import analyze, plan_query
@@ -295,6 +311,42 @@ def test_every_absent_query_really_is_absent():
     assert build.absent_pattern("jsonb_set").search("jsonb_setting") is None
 
 
+def test_the_pydocs_set_is_judged_by_sphinxs_index_and_its_absent_names_are_checked(tmp_path):
+    """evals/pydocs/build.py on a two-page library with its general index: identifiers from the
+    anchors, concepts from top-level entries only, absent names dropped when a page holds them."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pydocs_build", REPO / "evals" / "pydocs" / "build.py")
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    docs = tmp_path / "html"
+    (docs / "library").mkdir(parents=True)
+    (docs / "library" / "asyncio-task.html").write_text(
+        "<html><head><title>Coroutines and Tasks</title></head><body><h1>Coroutines and Tasks</h1>"
+        '<dl><dt id="asyncio.Task.done">done()</dt><dd>Return True if the Task is done.</dd></dl>'
+        "<p>See also copy.replace for records.</p></body></html>", encoding="utf-8")
+    (docs / "library" / "os.html").write_text(
+        "<html><head><title>os</title></head><body><h1>os</h1><p>Miscellaneous operating system "
+        "interfaces.</p></body></html>", encoding="utf-8")
+    (docs / "genindex-all.html").write_text(
+        '<html><body><table class="indextable genindextable"><tr><td><ul>'
+        '<li><a href="library/asyncio-task.html#asyncio.Task.done">done() (asyncio.Task method)</a></li>'
+        '<li><a href="library/os.html#index-3">operating system interfaces</a><ul>'
+        '<li><a href="library/os.html#index-4">miscellaneous</a></li></ul></li>'
+        '<li><a href="reference/datamodel.html#object.__init__">__init__() (object method)</a></li>'
+        "</ul></td></tr></table></body></html>", encoding="utf-8")
+    got = build.build(docs, tmp_path / "set", identifiers=10, concepts=10)
+    queries = [json.loads(line) for line in (tmp_path / "set" / "queries.jsonl").read_text().splitlines()]
+    by_kind = {k: sorted(q["text"] for q in queries if q["kind"] == k)
+               for k in ("identifier", "concept", "absent")}
+    assert by_kind["identifier"] == ["asyncio.Task.done"]  # outside library/: not judged
+    assert by_kind["concept"] == ["operating system interfaces"]  # the sub-entry alone means nothing
+    assert "copy.replace" not in by_kind["absent"] and "pathlib.Path.walk" in by_kind["absent"]
+    assert got["pages"] == 2 and got["absent"] == len(build.ABSENT) - 1
+    qrels = "".join((tmp_path / "set" / "qrels" / f"{split}.tsv").read_text() for split in ("dev", "test"))
+    assert "asyncio-task.html\t1" in qrels and "os.html\t1" in qrels
+
+
 def _guc_page(name, description):
     return ('<html><head><title>20.5. Write Ahead Log</title></head><body><h1>20.5. Write Ahead Log'
             '</h1><div class="variablelist"><dl class="variablelist"><dt><span class="term"><code '
@@ -329,6 +381,27 @@ def test_the_page_that_defines_a_name_comes_before_pages_that_only_use_it(store,
     assert "defines" not in res.trace["kbs"][kb.id]["weights"]
 
 
+def test_a_row_of_a_listing_is_no_definition_where_a_page_has_the_names_own_entry(store, kb):
+    """Before: the locale overview, whose table lists ``LC_NUMERIC`` in a first cell, sat in the
+    definitions' list beside the page whose definition term is ``lc_numeric`` (and, helped by
+    the vector list, came first: the PostgreSQL manual's lc_numeric, lc_time, lc_ctype)."""
+    add_document_to(kb, extract_html(_guc_page(
+        "lc_numeric", "Sets the locale to use for formatting numbers, for example with the "
+        "to_char family of functions.").replace("20.5. Write Ahead Log", "20.11. Client Defaults")),
+        key="page:client")
+    add(kb, "locale", "24.1. Locale Support",
+        "| Category | Use |\n|---|---|\n| `LC_COLLATE` | String sort order |\n"
+        "| `LC_NUMERIC` | Number formatting |\n| `LC_TIME` | Date and time formatting |\n\n"
+        "Locale support lets applications format numbers, money and dates as each country does.")
+    res = search(store, "lc_numeric", per_source=1, k=3)
+    lists = {h.title: h.lists for h in res.hits}
+    assert "defines" in lists["20.11. Client Defaults"], lists
+    assert "defines" not in lists["24.1. Locale Support"], lists
+    # Where no page has an entry of its own, a listing's first cell is the definition there is.
+    res = search(store, "LC_COLLATE", per_source=1, k=3)
+    assert "defines" in {h.title: h.lists for h in res.hits}["24.1. Locale Support"]
+
+
 def test_defining_spans_are_titles_headings_terms_first_cells_and_signatures():
     from localkb.ingest.chunk import defining_spans
 
@@ -359,3 +432,69 @@ def test_a_lower_case_prefix_on_an_acronym_is_a_word_not_a_code_name(store, kb):
     res = search(store, "does siRNA silence genes")
     st = res.statuses[0]
     assert st.exact_terms == [] and st.missing_terms == [] and st.status == "passages", st
+
+
+def test_a_page_is_titled_as_its_author_declared_not_by_an_admonition_heading():
+    """Before: "Note" — trafilatura took an admonition's ``h3.title`` over the page's own
+    ``<title>`` (51 of the PostgreSQL manual's 1,168 pages were titled Note, Tip, Caution,
+    Warning or Important)."""
+    page = ('<html><head><title>COPY</title></head><body><div class="refentry">'
+            '<h2><span class="refentrytitle">COPY</span></h2><p>COPY — copy data between a '
+            'file and a table</p><h2>Description</h2><p>COPY moves data between PostgreSQL '
+            'tables and standard file-system files. COPY TO copies the contents of a table '
+            'to a file, while COPY FROM copies data from a file to a table.</p>'
+            '<div class="note"><h3 class="title">Note</h3><p>COPY stops operation at the '
+            'first error. This should not lead to problems in the event of a COPY TO.</p></div>'
+            '</div></body></html>')
+    assert extract_html(page).title == "COPY"
+    # What the page's author declared still loses to nothing: a single h1 that the <title>
+    # holds (Sphinx: "asyncio — Asynchronous I/O — Python 3.11 documentation") stays the title.
+    sphinx = ('<html><head><title>asyncio — Asynchronous I/O — Python 3.11 documentation</title>'
+              '</head><body><h1>asyncio — Asynchronous I/O<a class="headerlink" href="#x">¶</a>'
+              '</h1><p>asyncio is a library to write concurrent code using the async/await '
+              'syntax, used as a foundation for multiple Python frameworks.</p></body></html>')
+    assert extract_html(sphinx).title == "asyncio — Asynchronous I/O"
+    # A page whose <title> is generic keeps the article's one h1.
+    app = ('<html><head><title>Dashboard</title></head><body><article><h1>Quarterly '
+           'warranty figures</h1><p>The warranty claims for the SKU-88-A fell by a third '
+           'over the quarter, while returns held steady across every region.</p></article>'
+           '</body></html>')
+    assert extract_html(app).title == "Quarterly warranty figures"
+
+
+def test_an_admonition_label_is_a_label_not_a_heading_that_defines_what_follows():
+    """Before: ``### Tip The other locale settings lc_messages, lc_monetary, lc_numeric…`` — the
+    DocBook admonition's ``h3.title`` came out as a heading holding the whole paragraph, so
+    every name in it read as defined there (the lc_numeric query ranked CREATE DATABASE's
+    tip above the page that documents lc_numeric)."""
+    from localkb.ingest.chunk import defining_spans
+
+    page = ('<html><head><title>CREATE DATABASE</title></head><body><div class="refentry">'
+            '<h2>Parameters</h2><div class="variablelist"><dl class="variablelist">'
+            '<dt><span class="term"><em class="replaceable"><code>locale</code></em></span></dt>'
+            '<dd><p>This is a shortcut for setting <code>LC_COLLATE</code> and <code>LC_CTYPE</code> '
+            'at once.</p><div class="tip"><h3 class="title">Tip</h3><p>The other locale settings '
+            'lc_messages, lc_monetary, lc_numeric, and lc_time are not fixed per database and are '
+            'not set by this command.</p></div></dd></dl></div>'
+            '<div class="admonition note"><p class="admonition-title">Note</p><p>Sphinx writes '
+            'its notes this way; lc_time is only mentioned here.</p></div></div></body></html>')
+    doc = extract_html(page)
+    assert "lc_numeric" in doc.text
+    headings = [line for line in doc.text.split("\n") if line.startswith("#")]
+    assert not [h for h in headings if "lc_numeric" in h], doc.text
+    spans = " ".join(defining_spans(doc.title, doc.text))
+    assert "lc_numeric" not in spans and "lc_time" not in spans, spans
+
+
+def test_a_table_the_extractor_drops_is_kept_and_its_names_are_found():
+    """Before: "no passage mentions enumtypid" — trafilatura 2.3 left out the whole column
+    table of this page (PostgreSQL 15 manual, catalog-pg-enum.html, PostgreSQL Licence) and
+    of 5 others of the manual's 1,169, so the names it documents read as absent."""
+    page = (REPO / "tests" / "data" / "pgdocs-catalog-pg-enum.html").read_text(encoding="utf-8")
+    doc = extract_html(page)
+    for name in ("enumtypid", "enumsortorder", "enumlabel"):
+        assert name in doc.text, name
+    # In its place: after the table's caption, before the text that follows the table.
+    text = doc.text
+    assert text.index("Table 53.20") < text.index("enumtypid") < text.index("The OIDs for")
+    assert [line for line in text.split("\n") if line.startswith("| ") and "enumtypid" in line]

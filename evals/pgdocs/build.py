@@ -28,11 +28,13 @@ under the PostgreSQL Licence (see ``legal.html`` in it).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import re
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from beirset import absent_pattern, stable_hash, truly_absent, write_set  # noqa: F401 (absent_pattern: the tests check it here)
 
 MANUAL = Path("/usr/share/doc/postgresql-doc-15/html")
 IDENTIFIER = re.compile(r"[A-Za-z_]\w*(?:\.\w+)*")
@@ -91,10 +93,6 @@ ABSENT = {
 }
 
 
-def _hash(text: str) -> int:
-    return int(hashlib.sha1(text.encode("utf-8")).hexdigest()[:8], 16)
-
-
 def _parse(path: Path):
     import lxml.html
 
@@ -132,59 +130,25 @@ def index_entries(manual: Path) -> list[dict]:
     return list(seen.values())
 
 
-def absent_pattern(name: str) -> re.Pattern:
-    """The name, any case, its parts joined by any punctuation or space, not inside a longer word."""
-    parts = [re.escape(p) for p in re.split(r"[-_.:/]", name) if p]
-    return re.compile(r"(?<![A-Za-z0-9])" + r"[\W_]{0,3}".join(parts) + r"(?![A-Za-z0-9])",
-                      re.IGNORECASE)
-
-
 def build(manual: Path, out: Path, *, sample: bool) -> dict:
     pages = sorted(p.name for p in manual.glob("*.html") if p.name != "bookindex.html")
     entries = [e for e in index_entries(manual) if all(p in pages for p in e["pages"])]
     texts = {name: _plain(_parse(manual / name)) for name in pages}
-    absent = {}
-    for name, where in ABSENT.items():
-        pattern = absent_pattern(name)
-        found = [p for p, t in texts.items() if pattern.search(t)]
-        if found:
-            print(f"not absent, dropped: {name} ({where}) is in {', '.join(found[:3])}", file=sys.stderr)
-        else:
-            absent[name] = where
+    absent = truly_absent(ABSENT, texts)
     if sample:
         linked = sorted({p for e in entries if e["kind"] == "identifier" for p in e["pages"]
-                         if len(texts[p]) < 30_000}, key=_hash)
+                         if len(texts[p]) < 30_000}, key=stable_hash)
         chosen = set(linked[:SAMPLE_PAGES])
-        others = sorted((p for p in pages if p not in chosen and len(texts[p]) < 30_000), key=_hash)
+        others = sorted((p for p in pages if p not in chosen and len(texts[p]) < 30_000), key=stable_hash)
         chosen |= set(others[:SAMPLE_DISTRACTORS])
         pages = sorted(chosen)
         entries = [e for e in entries if all(p in chosen for p in e["pages"])]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "qrels").mkdir(exist_ok=True)
-    with open(out / "corpus.jsonl", "w", encoding="utf-8") as fh:
-        for name in pages:
-            tree = _parse(manual / name)
-            title = (tree.findtext(".//title") or name).strip()
-            html = (manual / name).read_text(encoding="utf-8")
-            fh.write(json.dumps({"_id": name, "title": title, "text": texts[name], "html": html},
-                                ensure_ascii=False) + "\n")
-    splits: dict[str, list[str]] = {"dev": [], "test": []}
-    with open(out / "queries.jsonl", "w", encoding="utf-8") as fh:
-        for n, e in enumerate(sorted(entries, key=lambda e: (e["kind"], e["text"].lower())), start=1):
-            split = "dev" if _hash(e["text"]) % 3 == 0 else "test"
-            qid = f"{e['kind'][0]}{n}"
-            fh.write(json.dumps({"_id": qid, "text": e["text"], "kind": e["kind"], "split": split})
-                     + "\n")
-            splits[split] += [f"{qid}\t{p}\t1" for p in e["pages"]]
-        for n, (name, where) in enumerate(sorted(absent.items()), start=1):
-            fh.write(json.dumps({"_id": f"a{n}", "text": name, "kind": "absent", "source": where})
-                     + "\n")
-    for split, rows in splits.items():
-        (out / "qrels" / f"{split}.tsv").write_text(
-            "query-id\tcorpus-id\tscore\n" + "".join(r + "\n" for r in rows), encoding="utf-8")
-    return {"pages": len(pages), "queries": len(entries), "absent": len(absent),
-            "dev": len({r.split("\t")[0] for r in splits["dev"]}),
-            "test": len({r.split("\t")[0] for r in splits["test"]})}
+    rows = []
+    for name in pages:
+        tree = _parse(manual / name)
+        rows.append((name, (tree.findtext(".//title") or name).strip(), texts[name],
+                     (manual / name).read_text(encoding="utf-8")))
+    return write_set(out, rows, entries, absent)
 
 
 def main() -> None:

@@ -54,6 +54,12 @@ _INTRODUCED = re.compile(r"^[`*_\s]*(?:\(|—)")
 _FIRST_WORD = re.compile(r"\w+(?:[-./:]\w+)*")
 
 
+#: How strongly a span defines what it names: the name's own entry (the title, a heading, a
+#: definition term, a signature, a ``name — purpose`` line), or a row of a listing (a table's
+#: first cell that is only a name).
+OWN_ENTRY, LISTING_ROW = 2, 1
+
+
 def defining_spans(title: str | None, body: str) -> list[str]:
     """The parts of a passage that introduce a name rather than mention it.
 
@@ -64,7 +70,12 @@ def defining_spans(title: str | None, body: str) -> list[str]:
     (manual pages). Documentation of any kind names what it defines in one of these places;
     fenced code never defines (its ``# comments`` would read as headings).
     """
-    spans = [title] if title else []
+    return [span for span, _ in defining_spans_ranked(title, body)]
+
+
+def defining_spans_ranked(title: str | None, body: str) -> list[tuple[str, int]]:
+    """``defining_spans`` with how strongly each defines: ``OWN_ENTRY`` or ``LISTING_ROW``."""
+    spans = [(title, OWN_ENTRY)] if title else []
     lines = body.split("\n")
     in_code = False
     for i, line in enumerate(lines):
@@ -80,12 +91,14 @@ def defining_spans(title: str | None, body: str) -> list[str]:
         # chunker), not headings: a heading stands between blank lines or prose.
         heading = _HEADING.match(text) and not (prev.startswith("#") or nxt.startswith("#"))
         if heading or nxt == ":" or nxt.startswith(DEFINITION):
-            spans.append(text)
+            spans.append((text, OWN_ENTRY))
             continue
         rest = text[_LEAD_MARKUP.match(text).end():]
         word = _FIRST_WORD.match(rest)
-        if word and (text.startswith("|") or _INTRODUCED.match(rest[word.end():])):
-            spans.append(word.group(0))
+        if word and _INTRODUCED.match(rest[word.end():]):
+            spans.append((word.group(0), OWN_ENTRY))
+        elif word and text.startswith("|"):
+            spans.append((word.group(0), LISTING_ROW))
     return spans
 
 

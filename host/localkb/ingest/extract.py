@@ -106,7 +106,7 @@ def extract_html(html: str | bytes, *, url: str | None = None, title: str | None
         html = decode_text(html)
     if not html.strip():
         raise InvalidDocument("the page is empty")
-    html = _prepare_html(html)
+    html, declared, tables = _prepare_html(html)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -123,12 +123,12 @@ def extract_html(html: str | bytes, *, url: str | None = None, title: str | None
         except Exception:
             text, meta = None, None
     text = _MD_ESCAPE.sub(r"\1", text or "")
-    if len(text.strip()) < 20:
-        text = _full_text(html) or text
+    text = _full_text(html) or text if len(text.strip()) < 20 else _restore_tables(text, tables)
     text = _tidy(_definitions(text))
     if not text:
         raise InvalidDocument("no text could be extracted from the page")
-    page_title = title or (meta.title if meta and meta.title else None) or _html_title(html)
+    page_title = title or _page_title(meta.title if meta and meta.title else None, declared) \
+        or _html_title(html)
     lang = meta.language if meta and getattr(meta, "language", None) else None
     return Document(
         title=clean_title(page_title or url or "Untitled page")[:300],
@@ -178,15 +178,159 @@ def _qualify_signature(dt) -> None:
     target.text = full[: -len(shown)] + (target.text or "")
 
 
-def _prepare_html(html: str) -> str:
+@dataclass(frozen=True)
+class DeclaredTitles:
+    """The titles a page's author declared: its ``<title>``, its social-card titles, its h1s."""
+
+    title: str | None = None
+    others: tuple[str, ...] = ()
+
+    def holds(self, guess: str) -> bool:
+        low = clean_title(guess).casefold()
+        return any(low in clean_title(t).casefold() for t in (self.title or "", *self.others) if t)
+
+
+def _declared_titles(tree) -> DeclaredTitles:
+    texts = [_tidy(t.text_content()) for t in tree.xpath("//head/title | //title")[:1]]
+    others = [_tidy(m.get("content") or "") for m in tree.xpath(
+        "//meta[@property='og:title' or @name='og:title' or @name='twitter:title']")]
+    others += [_tidy(h.text_content()) for h in tree.xpath("//h1")]
+    return DeclaredTitles(texts[0] if texts and texts[0] else None, tuple(t for t in others if t))
+
+
+def _page_title(guess: str | None, declared: DeclaredTitles) -> str | None:
+    """trafilatura's title when the author declared it (in ``<title>``, a social-card title or
+    an h1); otherwise the page's own ``<title>``.
+
+    trafilatura falls back on headings with "title" in their class, and DocBook writes every
+    admonition's heading that way (``<h3 class="title">Note</h3>``): 51 of the PostgreSQL
+    manual's 1,168 pages came out titled Note, Tip, Caution, Warning or Important.
+    """
+    if guess and (declared.holds(guess) or not declared.title):
+        return guess
+    return declared.title or guess
+
+
+#: Containers of notes, tips and warnings, as DocBook (``div.note``) and Sphinx
+#: (``div.admonition``) write them.
+_ADMONITIONS = "//div[" + " or ".join(
+    f"contains(concat(' ', normalize-space(@class), ' '), ' {c} ')"
+    for c in ("note", "tip", "hint", "warning", "caution", "important", "attention", "danger",
+              "admonition")) + "]"
+
+
+def _label_admonitions(tree) -> None:
+    """An admonition's heading ("Note", "Tip") becomes a bold label of its own paragraph.
+
+    It labels a box; it is not a section of the page. As a heading, trafilatura ran it
+    into the box's first paragraph inside a definition (``### Tip The other locale
+    settings lc_messages, …``), the chunker opened a section there and every name of the
+    paragraph read as defined by it.
+    """
+    import lxml.html
+
+    for box in tree.xpath(_ADMONITIONS):
+        for head in box.xpath("./h1|./h2|./h3|./h4|./h5|./h6|./p[contains(@class, 'admonition-title')]"):
+            label = " ".join(head.text_content().split())
+            para = lxml.html.Element("p")
+            strong = lxml.html.Element("strong")
+            strong.text = label
+            para.append(strong)
+            para.tail = head.tail
+            head.getparent().replace(head, para)
+
+
+_WORD = re.compile(r"[A-Za-z_][\w.]{3,}")
+
+
+@dataclass(frozen=True)
+class PageTable:
+    """A table of the page as the page has it: its caption, a Markdown rendering, and the
+    words found only in it (how its absence from an extraction is noticed)."""
+
+    caption: str
+    markdown: str
+    own_words: frozenset[str]
+
+
+def _words(text: str) -> list[str]:
+    return [w.lower().rstrip(".") for w in _WORD.findall(text)]
+
+
+def _spaced(el) -> str:
+    """An element's text with its pieces apart (``text_content`` runs cells into one word)."""
+    return " ".join(" ".join(el.itertext()).split())
+
+
+def _cell(el) -> str:
+    text = _spaced(el)
+    return text.replace(_TERM_MARK, "").replace(_DESC_MARK, "").replace("|", "\\|").strip()
+
+
+def _page_tables(tree) -> list[PageTable]:
+    """The page's outermost data tables (navigation and layout tables left out)."""
+    from collections import Counter
+
+    body = tree.find("body")
+    everywhere = Counter(_words(_spaced(body if body is not None else tree)))
+    out = []
+    for table in tree.xpath("//table[not(ancestor::table)]"):
+        if table.xpath("ancestor::nav|ancestor::header|ancestor::footer|ancestor::div[contains("
+                       "@class, 'navheader') or contains(@class, 'navfooter')]") \
+                or "navigation" in (table.get("summary") or "").lower():
+            continue
+        rows = [[_cell(c) for c in tr.xpath("./th|./td")] for tr in table.iter("tr")
+                if next(tr.iterancestors("table")) is table]
+        rows = [r for r in rows if any(r)]
+        if len(rows) < 2:
+            continue
+        lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+        lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
+        mine = Counter(_words(_spaced(table)))
+        own = frozenset(w for w, n in mine.items() if everywhere[w] == n)
+        holder = table.xpath("ancestor::div[contains(concat(' ', normalize-space(@class), ' '), ' table ')]"
+                             "[1]/p[contains(@class, 'title')]|./caption")
+        caption = _spaced(holder[0]) if holder else ""
+        out.append(PageTable(caption, "\n".join(lines), own))
+    return out
+
+
+def _restore_tables(text: str, tables: list[PageTable]) -> str:
+    """``text`` with every table the extractor dropped put back, after its caption.
+
+    trafilatura 2.3 sometimes leaves out a whole table (6 of the PostgreSQL manual's 1,169
+    pages: the column tables of ``pg_enum`` and ``pg_group``, the comparison functions), so
+    the names only that table documents would read as absent. A table counts as dropped
+    when most of the words found only in it are missing from the extraction.
+    """
+    present = set(_words(text))
+    for table in tables:
+        if not table.own_words or len(table.own_words & present) * 2 >= len(table.own_words):
+            continue
+        lines = text.split("\n")
+        plain = [" ".join(re.sub(r"[*`]", "", line).split()) for line in lines]
+        at = next((i for i, line in enumerate(plain) if table.caption and line == table.caption), None)
+        if at is None:
+            text = text.rstrip() + "\n\n" + table.markdown
+        else:
+            text = "\n".join([*lines[: at + 1], "", table.markdown, "", *lines[at + 1 :]])
+        present |= table.own_words
+    return text
+
+
+def _prepare_html(html: str) -> tuple[str, DeclaredTitles, list[PageTable]]:
     """The page made ready for trafilatura: permalink marks dropped, Sphinx signatures named in
-    full, definition terms and descriptions marked (``_definitions`` writes them back)."""
+    full, definition terms and descriptions marked (``_definitions`` writes them back); the
+    titles its author declared (read before the permalink marks go); and its tables, to
+    check the extraction kept them."""
     import lxml.html
 
     try:
         tree = lxml.html.fromstring(_XML_DECLARATION.sub("", html, count=1))
     except Exception:
-        return html
+        return html, DeclaredTitles(), []
+    declared = _declared_titles(tree)
+    _label_admonitions(tree)
     for a in tree.xpath("//a[@href]"):
         if _is_permalink(a):
             a.drop_tree()  # keeps its tail text
@@ -195,7 +339,7 @@ def _prepare_html(html: str) -> str:
     for el, mark in [(dt, _TERM_MARK) for dt in tree.xpath("//dt")] + [
             (dd, _DESC_MARK) for dd in tree.xpath("//dd")]:
         el.text = f"{mark} {el.text or ''}"
-    return lxml.html.tostring(tree, encoding="unicode")
+    return lxml.html.tostring(tree, encoding="unicode"), declared, _page_tables(tree)
 
 
 def _definitions(text: str) -> str:

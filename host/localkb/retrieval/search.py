@@ -9,6 +9,7 @@ unavailable, with the numbers behind it.
 
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -18,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from localkb.errors import EmbeddingUnavailable, InvalidInput, LocalKBError
-from localkb.ingest.chunk import defining_spans, passage_text
+from localkb.ingest.chunk import defining_spans_ranked, passage_text
 from localkb.retrieval.hybrid import rrf
 from localkb.store.analysis import ExactTerm, QueryPlan, analyze, plan_query
 from localkb.store.base import KnowledgeBaseHandle, KnowledgeStore, Legs
@@ -162,20 +163,23 @@ class TermMatch:
         return terms is not None and self.term.term in terms
 
 
-def defined_terms(present: Sequence[TermMatch], title: str | None, text: str) -> int:
-    """How many of the exact terms a passage defines (``ingest.chunk.defining_spans``).
+def defined_terms(present: Sequence[TermMatch], title: str | None, text: str) -> tuple[int, int]:
+    """How many of the exact terms a passage defines (``ingest.chunk.defining_spans``), and
+    how strongly: ``OWN_ENTRY`` when one has its own entry there, else ``LISTING_ROW``.
 
     A term counts in its whole form, or, when it was found through its back-off, in any of
     its back-off forms (``Task.done()`` under ``class asyncio.Task`` defines
     ``asyncio.Task.done``).
     """
-    spans = [analyze(span) for span in defining_spans(title, text)]
-    n = 0
+    spans = [(analyze(span), strength) for span, strength in defining_spans_ranked(title, text)]
+    n, best = 0, 0
     for m in present:
         forms = [(m.term.term,)] + ([a.phrase for a in m.term.backoff] if m.how == "backoff" else [])
-        if any(_holds_phrase(pairs, form) for pairs in spans for form in forms):
+        held = [strength for pairs, strength in spans if any(_holds_phrase(pairs, f) for f in forms)]
+        if held:
             n += 1
-    return n
+            best = max(best, *held)
+    return n, best
 
 
 def _holds_phrase(pairs: list[tuple[str, int]], phrase: tuple[str, ...]) -> bool:
@@ -203,6 +207,8 @@ def find_exact_terms(legs: Legs, plan: QueryPlan) -> list[TermMatch]:
         extra: list[str] = []
         for alt in e.backoff:
             ids = legs.phrase(alt.phrase, limit=MAX_BACKOFF)
+            if ids and len(alt.phrase) > 1:
+                ids = _written_in_order(legs, ids, alt.label)
             if ids and alt.context:
                 ids = _on_pages_holding(legs, ids, alt.context)
             if ids:
@@ -213,6 +219,23 @@ def find_exact_terms(legs: Legs, plan: QueryPlan) -> list[TermMatch]:
         out.append(TermMatch(e, "backoff", via, frozenset(chunks), tuple(extra)) if chunks
                    else TermMatch(e, "missing"))
     return out
+
+
+def _written_in_order(legs: Legs, ids: list[str], label: str) -> list[str]:
+    """The passages of ``ids`` where the parts are written in a row as typed, not only their stems.
+
+    The index holds stems, and a code-like token's parts each take a position, so the
+    phrase ``warn deprec`` of ``warnings.deprecated`` also sits in
+    ``warnings.warn("deprecated")`` — the last part of one name and the next word. The
+    parts, in any case, joined by at most three spaces or punctuation marks and not inside
+    a longer word, are what the back-off means ("Task done", "ERR 4521", "ERR-4521").
+    """
+    words = [re.escape(w) for w in label.split() if w]
+    pattern = re.compile(r"(?<![A-Za-z0-9])" + r"[\W_]{0,3}".join(words) + r"(?![A-Za-z0-9])",
+                         re.IGNORECASE)
+    rows = legs.rows([vector_key(c) for c in ids], None)
+    keep = {row.id for row in rows.values() if pattern.search(passage_text(row.title, row.text))}
+    return [c for c in ids if c in keep]
 
 
 def _on_pages_holding(legs: Legs, ids: list[str], context: tuple[str, ...]) -> list[str]:
@@ -632,8 +655,12 @@ class Searcher:
                 for cid in legs.chunks_with(m.term.term, limit=MAX_FETCH):
                     holds.setdefault(vector_key(cid), set()).add(m.term.term)
         rows = legs.rows(list(holds), None)
-        defined = {key: n for key, row in rows.items()
-                   if (n := defined_terms(present, row.title, row.text))}
+        defined = {key: d for key, row in rows.items()
+                   if (d := defined_terms(present, row.title, row.text))[0]}
+        # Where some page gives a name its own entry (a title, heading, definition term or
+        # signature), a table that lists it among others is a summary, not its definition.
+        strongest = max((strength for _, strength in defined.values()), default=0)
+        defined = {key: n for key, (n, strength) in defined.items() if strength == strongest}
         if defined:
             got.lists["defines"] = sorted(defined, key=lambda key: (defined[key], *rank(key)),
                                           reverse=True)[:want]
