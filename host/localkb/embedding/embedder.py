@@ -164,7 +164,9 @@ class MiniLMEmbedder:
         out = np.empty((n, self.dim), dtype=np.float32)
         done = 0
         for idx in self._batches(order, [len(e.ids) for e in encodings]):
-            out[idx] = self._run([encodings[i].ids for i in idx], work)
+            batch = [encodings[i].ids for i in idx]
+            out[idx] = self._run(batch)
+            _count(batch, work)
             done += len(idx)
             if progress:
                 progress(done, n)
@@ -187,18 +189,8 @@ class MiniLMEmbedder:
             batches.append(cur)
         return batches
 
-    @staticmethod
-    def _count(batch_ids: list[list[int]], width: int, work: dict | None) -> None:
-        if work is None:
-            return
-        step = {"batches": 1, "texts": len(batch_ids), "tokens": sum(len(ids) for ids in batch_ids),
-                "padded_tokens": width * len(batch_ids)}
-        for k, v in step.items():
-            work[k] = work.get(k, 0) + v
-
-    def _run(self, batch_ids: list[list[int]], work: dict | None = None) -> np.ndarray:
+    def _run(self, batch_ids: list[list[int]]) -> np.ndarray:
         width = max(len(ids) for ids in batch_ids)
-        self._count(batch_ids, width, work)
         input_ids = np.zeros((len(batch_ids), width), dtype=np.int64)
         mask = np.zeros_like(input_ids)
         for row, ids in enumerate(batch_ids):
@@ -217,6 +209,16 @@ class MiniLMEmbedder:
     def describe(self) -> dict:
         return {"id": self.model_id, "dim": self.dim, "variant": self.variant, "loaded": self.loaded,
                 "selection": self.selection}
+
+
+def _count(batch_ids: list[list[int]], work: dict | None) -> None:
+    """Add one model batch to ``work``: its rows, tokens, and padded tokens (rows x the longest)."""
+    if work is None:
+        return
+    step = {"batches": 1, "texts": len(batch_ids), "tokens": sum(len(ids) for ids in batch_ids),
+            "padded_tokens": max(len(ids) for ids in batch_ids) * len(batch_ids)}
+    for k, v in step.items():
+        work[k] = work.get(k, 0) + v
 
 
 _WORD = re.compile(r"\w+", re.UNICODE)

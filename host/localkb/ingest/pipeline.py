@@ -578,6 +578,37 @@ class _Job:
             self.check_cancelled()
 
 
+def give_back_memory() -> None:
+    """After a write batch: collect the cycles extraction left (lxml trees of pages read since)
+    and hand the C heap's free pages back to the OS (glibc ``malloc_trim``; nothing elsewhere).
+
+    Without it the RSS of a first add of the 317 Python library pages rose with every batch
+    (451 MB at 747 passages, 668 MB at 24,000, peak 710 MB): free memory the reader thread's
+    malloc arena kept, and garbage waiting for Python's oldest generation. A batch is tens of
+    seconds of model work; this takes milliseconds.
+    """
+    import gc
+
+    gc.collect()
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+_TRIM: list = []
+
+
+def _malloc_trim():
+    if not _TRIM:
+        try:
+            import ctypes
+
+            _TRIM.append(ctypes.CDLL("libc.so.6").malloc_trim)
+        except (OSError, AttributeError):  # not glibc (macOS, musl): the OS gets pages back as usual
+            _TRIM.append(None)
+    return _TRIM[0]
+
+
 def _hash(path: Path) -> str:
     try:
         return hash_file(path)
@@ -855,6 +886,7 @@ class _Writer:
         t0 = time.perf_counter()
         kb.write(mutate)
         self.job.timings["write_s"] += time.perf_counter() - t0
+        give_back_memory()
         self.job.progress.emit("write", total, total, force=True)
 
     # -- big sources: staged batches, then one switch ----------------------------------------
@@ -922,6 +954,7 @@ class _Writer:
         t0 = time.perf_counter()
         kb.write(mutate)
         self.job.timings["write_s"] += time.perf_counter() - t0
+        give_back_memory()
         self.job.progress.emit("write", n, n, force=True)
         return _count(kb, src)
 
