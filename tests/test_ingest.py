@@ -90,9 +90,9 @@ def test_changed_paragraph_reembeds_only_that_passage(kb, monkeypatch):
     calls: list[int] = []
     real = kb.embedder.embed
 
-    def counting(texts, progress=None):
+    def counting(texts, progress=None, **kw):
         calls.append(len(texts))
-        return real(texts, progress)
+        return real(texts, progress, **kw)
 
     monkeypatch.setattr(kb.embedder, "embed", counting)
     edited = text.replace("Paragraph 9 ends here.", "Paragraph 9 now says something new.")
@@ -171,7 +171,7 @@ def test_writing_nothing_is_an_error_and_keeps_what_was_stored(kb, monkeypatch):
     key = "https://example.test/keep"
     first = add_document(kb, extract_text(long_text(4), title="T", url=key), key=key)
 
-    def broken(texts, progress=None):
+    def broken(texts, progress=None, **kw):
         raise EmbeddingUnavailable("onnxruntime failed while embedding: simulated outage")
 
     monkeypatch.setattr(kb.embedder, "embed", broken)

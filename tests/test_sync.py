@@ -51,9 +51,9 @@ def test_sync_follows_edits_deletes_and_renames(kb, tmp_path, monkeypatch):
     embedded: list[int] = []
     real = kb.embedder.embed
 
-    def counting(texts, progress=None):
+    def counting(texts, progress=None, **kw):
         embedded.append(len(texts))
-        return real(texts, progress)
+        return real(texts, progress, **kw)
 
     monkeypatch.setattr(kb.embedder, "embed", counting)
     report = sync_folder(kb)  # the remembered folder

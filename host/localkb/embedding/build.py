@@ -478,9 +478,9 @@ def open_session(path: Path, threads: int = 2) -> Any:
     try:
         import onnxruntime as ort
 
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
+        from localkb.embedding.embedder import session_options
+
+        opts = session_options(threads)  # timed as the embedder will run it
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     except Exception as err:

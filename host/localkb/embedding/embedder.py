@@ -33,6 +33,25 @@ HASHING_ID = "hashing-256"
 #: Padded tokens per model batch (see ``MiniLMEmbedder._batches``).
 TOKEN_BUDGET = 2048
 
+
+def session_options(threads: int):
+    """onnxruntime options of every MiniLM session (the embedder's and the variant timing's).
+
+    Spinning is off: an ingest runs the model beside its reader thread (extraction,
+    chunking) and the host, on machines with few cores shared with everything else. A
+    spinning pool thread waiting at a barrier for a peer the OS has descheduled burns a
+    core for nothing; on the shared 2-core machine spinning cost the bare model and the
+    ingest a third more CPU time for the same passages (DESIGN.md, "An ingest is a job").
+    """
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return opts
+
 ProgressFn = Callable[[int, int], None]
 
 
@@ -103,12 +122,8 @@ class MiniLMEmbedder:
             try:
                 import onnxruntime as ort
 
-                opts = ort.SessionOptions()
-                opts.intra_op_num_threads = self.threads
-                opts.inter_op_num_threads = 1
-                opts.log_severity_level = 3
                 session = ort.InferenceSession(
-                    str(path), sess_options=opts, providers=["CPUExecutionProvider"]
+                    str(path), sess_options=session_options(self.threads), providers=["CPUExecutionProvider"]
                 )
             except Exception as err:
                 raise EmbeddingUnavailable(
@@ -129,8 +144,14 @@ class MiniLMEmbedder:
         return [len(e.ids) for e in self._counter.encode_batch(list(texts), add_special_tokens=False)]
 
     # -- embedding -------------------------------------------------------------
-    def embed(self, texts: Sequence[str], progress: ProgressFn | None = None) -> np.ndarray:
-        """Embed ``texts`` in length-sorted batches; rows come back in input order."""
+    def embed(self, texts: Sequence[str], progress: ProgressFn | None = None,
+              work: dict | None = None) -> np.ndarray:
+        """Embed ``texts`` in length-sorted batches; rows come back in input order.
+
+        ``work``, if given, is added this call's model work: ``batches`` run, ``texts``,
+        ``tokens`` and ``padded_tokens`` (batch rows x the longest row: what the model really
+        computes). The ingest reports it per job; ``bench/ingest.py`` prints the padding.
+        """
         n = len(texts)
         if n == 0:
             return np.zeros((0, self.dim), dtype=np.float32)
@@ -143,7 +164,9 @@ class MiniLMEmbedder:
         out = np.empty((n, self.dim), dtype=np.float32)
         done = 0
         for idx in self._batches(order, [len(e.ids) for e in encodings]):
-            out[idx] = self._run([encodings[i].ids for i in idx])
+            batch = [encodings[i].ids for i in idx]
+            out[idx] = self._run(batch)
+            _count(batch, work)
             done += len(idx)
             if progress:
                 progress(done, n)
@@ -188,6 +211,16 @@ class MiniLMEmbedder:
                 "selection": self.selection}
 
 
+def _count(batch_ids: list[list[int]], work: dict | None) -> None:
+    """Add one model batch to ``work``: its rows, tokens, and padded tokens (rows x the longest)."""
+    if work is None:
+        return
+    step = {"batches": 1, "texts": len(batch_ids), "tokens": sum(len(ids) for ids in batch_ids),
+            "padded_tokens": max(len(ids) for ids in batch_ids) * len(batch_ids)}
+    for k, v in step.items():
+        work[k] = work.get(k, 0) + v
+
+
 _WORD = re.compile(r"\w+", re.UNICODE)
 
 
@@ -223,7 +256,8 @@ class HashingEmbedder:
             vec[h % self.dim] += 1.0 if (h >> 16) & 1 else -1.0
         return np.sign(vec) * np.sqrt(np.abs(vec))
 
-    def embed(self, texts: Sequence[str], progress: ProgressFn | None = None) -> np.ndarray:
+    def embed(self, texts: Sequence[str], progress: ProgressFn | None = None,
+              work: dict | None = None) -> np.ndarray:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         for i, text in enumerate(texts):
             out[i] = self._vector(text)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import contextlib
 import io
 import re
 import warnings
@@ -119,7 +120,7 @@ def extract_html(html: str | bytes, *, url: str | None = None, title: str | None
                 include_formatting=True,
                 favor_recall=True,
             )
-            meta = trafilatura.extract_metadata(html, default_url=url)
+            meta = _title_metadata(html)
         except Exception:
             text, meta = None, None
     text = _MD_ESCAPE.sub(r"\1", text or "")
@@ -137,6 +138,28 @@ def extract_html(html: str | bytes, *, url: str | None = None, title: str | None
         url=url,
         lang=lang,
     )
+
+
+def _title_metadata(html: str):
+    """The title part of ``trafilatura.extract_metadata``, the same steps in the same order.
+
+    The rest of it (author, dates through htmldate, site name, categories, licence) is
+    never used here and cost a third of each page's extraction (6 % of an add of the
+    Python library pages, where the model is 73 %).
+    """
+    from trafilatura.metadata import examine_meta, extract_meta_json, extract_title
+    from trafilatura.utils import load_html
+
+    tree = load_html(html)
+    if tree is None:
+        return None
+    meta = examine_meta(tree)
+    with contextlib.suppress(Exception):  # trafilatura logs and skips a bad JSON-LD block alike
+        meta = extract_meta_json(tree, meta)
+    if not meta.title:
+        meta.title = extract_title(tree)
+    meta.clean_and_trim()
+    return meta
 
 
 def clean_title(title: str) -> str:
