@@ -294,8 +294,7 @@ def _page_tables(tree) -> list[PageTable]:
     """The page's outermost data tables (navigation and layout tables left out)."""
     from collections import Counter
 
-    body = tree.find("body")
-    everywhere = Counter(_words(_spaced(body if body is not None else tree)))
+    everywhere: Counter | None = None  # the page's word counts, read once a data table is met
     out = []
     for table in tree.xpath("//table[not(ancestor::table)]"):
         if table.xpath("ancestor::nav|ancestor::header|ancestor::footer|ancestor::div[contains("
@@ -309,6 +308,9 @@ def _page_tables(tree) -> list[PageTable]:
             continue
         lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
         lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
+        if everywhere is None:
+            body = tree.find("body")
+            everywhere = Counter(_words(_spaced(body if body is not None else tree)))
         mine = Counter(_words(_spaced(table)))
         own = frozenset(w for w, n in mine.items() if everywhere[w] == n)
         holder = table.xpath("ancestor::div[contains(concat(' ', normalize-space(@class), ' '), ' table ')]"
