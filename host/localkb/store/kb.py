@@ -360,10 +360,7 @@ class KnowledgeBase(KnowledgeBaseHandle):
         ki = None
         if engine == self.record.keyword_engine:
             ki = _usable(lambda: keyword_engine_mod.load(engine, self.keyword_path), gen, pruned)
-        if vi is None and ki is None:  # an import, a lost folder: both at once (see there)
-            vi, ki = self._rebuild_both(gen, engine)
-            done = {"vectors": "rebuilt", "keywords": "rebuilt"}
-        elif vi is None:
+        if vi is None:
             vi = self._rebuild_vectors(gen)
             done["vectors"] = "rebuilt"
         elif vi.generation < gen:
@@ -438,37 +435,9 @@ class KnowledgeBase(KnowledgeBaseHandle):
             vi.save(gen)
 
     def _rebuild_vectors(self, gen: int) -> VectorIndex:
-        vi = VectorIndex(self.vector_path, self.record.model, self.record.dim)
-        vi.build(*self._vector_rows(), gen)
-        return vi
-
-    def _rebuild_both(self, gen: int, engine: str) -> tuple[VectorIndex, KeywordEngine]:
-        """Both indexes from the catalogue, the vector graph built on a thread beside the keyword
-        index: usearch releases the GIL while it inserts, so the graph (half of an import) and
-        our analysis of every passage (a quarter) overlap instead of taking turns."""
-        vi = VectorIndex(self.vector_path, self.record.model, self.record.dim)
-        keys, vecs = self._vector_rows()  # read here: the catalogue connection is this thread's
-        failed: list[BaseException] = []
-
-        def build() -> None:
-            try:
-                vi.build(keys, vecs, gen)
-            except BaseException as err:  # re-raised below, on the caller's thread
-                failed.append(err)
-
-        graph = threading.Thread(target=build, name="vector-rebuild", daemon=True)
-        graph.start()
-        try:
-            ki = self._rebuild_keywords(gen, engine)
-        finally:
-            graph.join()
-        if failed:
-            raise failed[0]
-        return vi, ki
-
-    def _vector_rows(self) -> tuple[np.ndarray, np.ndarray]:
         # Rows are streamed into arrays sized once: a rebuild holds the vectors once, not a list
         # of them and then a stacked copy (an import of a big knowledge base ends here).
+        vi = VectorIndex(self.vector_path, self.record.model, self.record.dim)
         n = self.catalog.counts(self.id)["chunks"]
         keys = np.empty(n, dtype=np.uint64)
         vecs = np.empty((n, self.record.dim), dtype=np.float32)
@@ -480,7 +449,8 @@ class KnowledgeBase(KnowledgeBaseHandle):
             keys[i] = row[0]
             vecs[i] = blob_vector(row[1])
             i += 1
-        return keys[:i], vecs[:i]
+        vi.build(keys[:i], vecs[:i], gen)
+        return vi
 
     def _rebuild_keywords(self, gen: int, engine: str) -> KeywordEngine:
         """A fresh keyword index of ``engine`` from the catalogue; the other engine's folder goes."""
