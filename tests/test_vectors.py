@@ -113,12 +113,16 @@ def test_segments_merge_by_tier_and_fold_into_the_base_once_they_outgrow_it(tmp_
             assert len(again) == len(vecs)
             all_keys = np.array(list(vecs), dtype=np.uint64)
             all_vecs = np.stack(list(vecs.values()))
+            found = []
             for q in unit(5, gen):
                 best = all_keys[np.argsort(-(all_vecs @ q), kind="stable")[:10]]
                 assert again.search(q, 10, exact_below=10**9).keys.tolist() == best.tolist()
+                found.append(len(set(again.search(q, 10, exact_below=0).keys.tolist()) & set(best.tolist())))
+            assert sum(found) >= 0.9 * 10 * len(found), found  # the graphs (base, merged segments)
             assert all(again.contains(k) for k in list(vecs)[-50:])
     assert seen[0] == [] and max(len(s) for s in seen) <= 2 * vmod.FANOUT
     assert any(len(s) == 1 and s[0] > 3 * limit for s in seen)  # a merged segment
+    assert any(len(s) >= 2 for s in seen)  # a merged (graph) segment searched beside flat ones
     assert seen[-1] == [] and vi.base_count == len(vecs)
     files = sorted(p.name for p in tmp_path.iterdir())
     assert not [f for f in files if ".seg" in f], files  # merged-away segments are removed
@@ -281,7 +285,7 @@ def test_a_crash_mid_fold_leaves_the_log_in_charge_and_a_missing_segment_is_repo
         base.save(3)
     monkeypatch.undo()
     orphans = sorted(p.name for p in base.path.parent.glob("v.seg*"))
-    assert orphans == ["v.seg1.gone", "v.seg1.usearch"]
+    assert orphans == ["v.seg1.flat", "v.seg1.gone"]
     again = VectorIndex.load(base.path, "m", DIM)  # the last save that finished: generation 2
     assert (len(again), again.generation, again.log_size()["segments"]) == (2000 + limit // 2, 2, [])
     again.upsert(np.arange(60_000, 60_000 + limit, dtype=np.uint64), unit(limit, 4))
@@ -289,11 +293,11 @@ def test_a_crash_mid_fold_leaves_the_log_in_charge_and_a_missing_segment_is_repo
     again.save(3)
     listed = again.log_size()["segments"]
     assert listed == [limit // 2 + limit]
-    assert sorted(p.name for p in base.path.parent.glob("v.seg*")) == ["v.seg1.gone", "v.seg1.usearch"]
+    assert sorted(p.name for p in base.path.parent.glob("v.seg*")) == ["v.seg1.flat", "v.seg1.gone"]
     reopened = VectorIndex.load(base.path, "m", DIM)
     assert (len(reopened), reopened.generation) == (2000 - 2 + limit // 2 + limit, 3)
     assert not reopened.contains(1) and reopened.contains(3) and reopened.contains(60_000)
-    seg = base.path.parent / "v.seg1.usearch"
+    seg = base.path.parent / "v.seg1.flat"
     seg.write_bytes(seg.read_bytes()[:100])
     with pytest.raises(vmod.IndexUnavailable):
         VectorIndex.load(base.path, "m", DIM)

@@ -10,13 +10,15 @@ one small note). Readers apply the log over the files: the changed vectors are s
 exactly beside them, and the older copies of changed or deleted keys are set aside.
 
 When the log outgrows ``fold_threshold`` (at most 4,096 changes) it is folded into a new
-segment (``vectors-<model>.seg<N>.usearch``, an HNSW index of just those vectors, plus
-``.seg<N>.gone``, the keys they delete), memory-mapped like the base and searched beside
-it. A fold costs what was logged, not what the base holds (it rewrote the whole base: 1.46 s
-and 653 MB at 300,000 passages). FANOUT segments of one size tier merge into one of the next
-(never past a quarter of the base), and once the segments together hold as many vectors
-as the base, all is written as one new base: the one write whose cost is the knowledge
-base's size, paid when as much was written since.
+flat segment (``vectors-<model>.seg<N>.flat``: the keys, then the vectors, searched exactly;
+``.seg<N>.gone``: the keys they delete), memory-mapped like the base and searched beside
+it. A fold costs what was logged, not what the base holds: it wrote no graph (it loaded and
+rewrote the whole base: 28-71 s and 709-784 MB for a full log at 300,000 passages on the
+loaded machine). FANOUT segments of one size tier merge into one HNSW segment of the next
+(``.seg<N>.usearch``; never past a quarter of the base: the write that builds a graph of
+four folds' vectors), and once the segments together hold as many vectors as the base, all
+is written as one new base: the one write whose cost is the knowledge base's size, paid when
+as much was written since.
 
 Metadata beside the files (``.json``) lists the base file's generation and count and each
 segment's; replacing it commits a fold (files not listed are orphans of a crash, removed by
@@ -94,16 +96,32 @@ def _new_index(dim: int):
 
 
 class _Segment:
-    """One level-1 file: an HNSW index of the vectors one fold (or merge) wrote, memory-mapped,
-    and the keys it deletes from older levels (``.gone``, raw uint64). Immutable once listed."""
+    """One level-1 segment, immutable once listed: the vectors one fold (or merge) wrote and the
+    keys it deletes from older levels (``.gone``, raw uint64), memory-mapped.
 
-    __slots__ = ("count", "generation", "gone", "index", "seq")
+    A fold's segment is flat (``.flat``: its keys, then its vectors; searched exactly, by the
+    kernel ``Changed`` uses): writing it costs what was logged and no graph. A merge writes an
+    HNSW index (``.usearch``), the graph built once per FANOUT folds' worth of vectors.
+    """
 
-    def __init__(self, seq: int, count: int, gone: int, generation: int, index=None) -> None:
-        self.seq, self.count, self.gone, self.generation, self.index = seq, count, gone, generation, index
+    __slots__ = ("count", "generation", "gone", "graph", "index", "keys", "seq", "vectors")
+
+    def __init__(self, seq: int, count: int, gone: int, generation: int, *, graph: bool) -> None:
+        self.seq, self.count, self.gone, self.generation = seq, count, gone, generation
+        self.graph = graph
+        self.index = None  # usearch view (graph)
+        self.keys = np.zeros(0, dtype=np.uint64)
+        self.vectors = None  # memory-mapped (flat)
 
     def meta(self) -> dict:
-        return {"seq": self.seq, "count": self.count, "gone": self.gone, "generation": self.generation}
+        return {"seq": self.seq, "count": self.count, "gone": self.gone, "generation": self.generation,
+                "graph": self.graph}
+
+    def get(self, mask: np.ndarray, dim: int) -> np.ndarray:
+        """The vectors of the keys ``mask`` selects, in key order."""
+        if self.graph:
+            return np.asarray(self.index.get(self.keys[mask]), dtype=np.float32).reshape(-1, dim)
+        return np.asarray(self.vectors[mask], dtype=np.float32)
 
 
 class VectorIndex:
@@ -165,17 +183,14 @@ class VectorIndex:
                 raise IndexUnavailable(f"vector index {self.path.name} does not match its metadata")
             self.base, self.base_count = (base if len(base) else None), len(base)
             for s in meta.get("segments", []):
-                seg = _Segment(int(s["seq"]), int(s["count"]), int(s["gone"]), int(s["generation"]))
+                seg = _Segment(int(s["seq"]), int(s["count"]), int(s["gone"]), int(s["generation"]),
+                               graph=bool(s.get("graph", True)))
                 gone = np.fromfile(self._segment_path(seg.seq, ".gone"), dtype="<u8")
                 if len(gone) != seg.gone:
                     raise IndexUnavailable(f"vector segment {seg.seq} does not match its metadata")
                 self._own(gone.tolist(), _GONE)
-                if seg.count:
-                    seg.index = _new_index(self.dim)
-                    seg.index.view(str(self._segment_path(seg.seq, ".usearch")))
-                    if len(seg.index) != seg.count:
-                        raise IndexUnavailable(f"vector segment {seg.seq} does not match its metadata")
-                    self._own(np.asarray(seg.index.keys, dtype=np.uint64).tolist(), len(self.segments) + 1)
+                self._view_segment(seg)
+                self._own(seg.keys.tolist(), len(self.segments) + 1)
                 self.segments.append(seg)
         except IndexUnavailable:
             raise
@@ -355,11 +370,11 @@ class VectorIndex:
         gone = np.fromiter(self._gone_since, dtype=np.uint64, count=len(self._gone_since))
         segments = [*self.segments]
         if len(keys) or len(gone):
-            seg = _Segment(self._next_seq, len(keys), len(gone), generation)
+            seg = _Segment(self._next_seq, len(keys), len(gone), generation, graph=False)
             self._next_seq += 1
             self._write_segment(seg, keys, vectors, gone)
             del vectors
-            seg.index = self._view_segment(seg)
+            self._view_segment(seg)
             segments.append(seg)
         if sum(s.count for s in segments) >= self.base_count - self._base_shadowed:
             self._rewrite_base(segments, generation)
@@ -372,38 +387,45 @@ class VectorIndex:
         self._reopen()
         self.generation = generation
 
-    def _view_segment(self, seg: _Segment):
+    def _view_segment(self, seg: _Segment) -> None:
+        """Map a segment's files; raise ``IndexUnavailable`` if they are not what its listing says."""
         if not seg.count:
-            return None
-        index = _new_index(self.dim)
-        index.view(str(self._segment_path(seg.seq, ".usearch")))
-        return index
+            return
+        if seg.graph:
+            seg.index = _new_index(self.dim)
+            seg.index.view(str(self._segment_path(seg.seq, ".usearch")))
+            if len(seg.index) != seg.count:
+                raise IndexUnavailable(f"vector segment {seg.seq} does not match its metadata")
+            seg.keys = np.asarray(seg.index.keys, dtype=np.uint64)
+            return
+        path = self._segment_path(seg.seq, ".flat")
+        if path.stat().st_size != seg.count * (8 + 4 * self.dim):
+            raise IndexUnavailable(f"vector segment {seg.seq} does not match its metadata")
+        seg.keys = np.fromfile(path, dtype="<u8", count=seg.count)
+        seg.vectors = np.memmap(path, dtype="<f4", mode="r", offset=8 * seg.count,
+                                shape=(seg.count, self.dim))
 
     def _merge(self, segments: list[_Segment], run: int, generation: int) -> _Segment:
         """The segments from ``run`` on as one segment of their live vectors and all their ``.gone``."""
         parts = segments[run:]
-        keys = [self._live_in(s) for s in parts]
-        vecs = [np.asarray(s.index.get(k), dtype=np.float32).reshape(-1, self.dim) if len(k) else
-                np.zeros((0, self.dim), np.float32) for s, k in zip(parts, keys, strict=True)]
+        masks = [self._live_in(s) for s in parts]
+        keys = np.concatenate([s.keys[m] for s, m in zip(parts, masks, strict=True)])
+        vecs = np.concatenate([s.get(m, self.dim) for s, m in zip(parts, masks, strict=True)])
         gone = np.unique(np.concatenate([np.fromfile(self._segment_path(s.seq, ".gone"), dtype="<u8")
                                          for s in parts]).astype(np.uint64))
-        all_keys = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
-        merged = _Segment(self._next_seq, len(all_keys), len(gone), generation)
+        merged = _Segment(self._next_seq, len(keys), len(gone), generation, graph=True)
         self._next_seq += 1
-        self._write_segment(merged, all_keys, np.concatenate(vecs) if vecs else None, gone)
-        merged.index = self._view_segment(merged)
+        self._write_segment(merged, keys, vecs, gone)
+        del vecs
+        self._view_segment(merged)
         return merged
 
     def _live_in(self, seg: _Segment) -> np.ndarray:
-        """The keys of ``seg`` whose live vector it holds (not deleted or changed since)."""
-        if seg.index is None:
-            return np.zeros(0, dtype=np.uint64)
-        keys = np.asarray(seg.index.keys, dtype=np.uint64)
+        """Which keys of ``seg`` it holds the live vector of (not deleted or changed since): a mask."""
         if seg not in self.segments:  # written by this fold: it holds the changes, all live
-            return keys
+            return np.ones(len(seg.keys), dtype=bool)
         level = self.segments.index(seg) + 1
-        keep = np.fromiter((self.owner.get(k) == level for k in keys.tolist()), bool, len(keys))
-        return keys[keep]
+        return np.fromiter((self.owner.get(k) == level for k in seg.keys.tolist()), bool, len(seg.keys))
 
     def _rewrite_base(self, segments: list[_Segment], generation: int) -> None:
         """Base, segments and changes as one new base file (the old whole fold)."""
@@ -416,9 +438,9 @@ class VectorIndex:
             if len(moved):
                 full.remove(moved)
         for seg in segments:
-            keys = self._live_in(seg)
-            if len(keys):
-                full.add(keys, np.asarray(seg.index.get(keys), dtype=np.float32).reshape(-1, self.dim))
+            mask = self._live_in(seg)
+            if mask.any():
+                full.add(seg.keys[mask], seg.get(mask, self.dim))
         self.base = None
         self._write_base(full, generation)
         count = len(full)
@@ -436,7 +458,8 @@ class VectorIndex:
 
     def _remove_unlisted(self) -> None:
         """Segment files no listing names: merged away, or left by a crash before their listing."""
-        listed = {self._segment_path(s.seq, x).name for s in self.segments for x in (".usearch", ".gone")}
+        listed = {self._segment_path(s.seq, x).name for s in self.segments
+                  for x in (".usearch" if s.graph else ".flat", ".gone")}
         for p in self.path.parent.glob(f"{self.path.stem}.seg*"):
             if p.name not in listed:
                 p.unlink(missing_ok=True)
@@ -465,7 +488,7 @@ class VectorIndex:
     def _write_segment(self, seg: _Segment, keys: np.ndarray, vectors, gone: np.ndarray) -> None:
         """A segment's files, each written whole under a name no listing holds yet."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if seg.count:
+        if seg.count and seg.graph:
             index = _new_index(self.dim)
             index.add(keys, np.ascontiguousarray(vectors, dtype=np.float32), copy=False)
             target = self._segment_path(seg.seq, ".usearch")
@@ -473,6 +496,13 @@ class VectorIndex:
             index.save(str(tmp))
             replace_into(tmp, target)
             del index
+        elif seg.count:
+            target = self._segment_path(seg.seq, ".flat")
+            tmp = tmp_path_for(target)
+            with open(tmp, "wb") as fh:
+                fh.write(np.ascontiguousarray(keys, dtype="<u8").tobytes())
+                fh.write(np.ascontiguousarray(vectors, dtype="<f4").tobytes())
+            replace_into(tmp, target)
         target = self._segment_path(seg.seq, ".gone")
         tmp = tmp_path_for(target)
         tmp.write_bytes(np.ascontiguousarray(gone, dtype="<u8").tobytes())
@@ -519,7 +549,11 @@ class VectorIndex:
                                                exact=exact)
         parts_k, parts_s = [keys], [sims]
         for level, seg in enumerate(self.segments, 1):
-            if seg.index is not None:
+            if seg.count and not seg.graph:
+                k, s = self._search_flat(seg, level, query, count)
+                parts_k.append(k)
+                parts_s.append(s)
+            elif seg.index is not None:
                 k, s, _ = self._search_level(seg.index, level, query, count, live=seg.count,
                                              size=seg.count, shadowed=0,
                                              exact=exact or seg.count < exact_below,
@@ -565,6 +599,24 @@ class VectorIndex:
             if len(keys) >= want or ask >= size:
                 return keys[:want], sims[:want], exact
             ask = min(size, ask * 2)
+
+    def _search_flat(self, seg: _Segment, level: int, query: np.ndarray,
+                     count: int) -> tuple[np.ndarray, np.ndarray]:
+        """Exact top ``count`` of a flat segment, its keys set aside elsewhere dropped."""
+        _index_class()  # onnxruntime before usearch's extension (see there)
+        from usearch.index import MetricKind
+        from usearch.index import search as exact_search
+
+        ask = min(seg.count, 2 * count)
+        while True:
+            found = exact_search(seg.vectors, np.asarray(query, dtype=np.float32), ask, MetricKind.Cos,
+                                 exact=True, threads=1)
+            keys = seg.keys[np.asarray(found.keys, dtype=np.int64)]
+            sims = 1.0 - np.asarray(found.distances, np.float32)
+            keep = np.fromiter((self.owner.get(k) == level for k in keys.tolist()), bool, len(keys))
+            if keep.sum() >= count or ask >= seg.count:
+                return keys[keep][:count], sims[keep][:count]
+            ask = min(seg.count, ask * 2)
 
     def log_size(self) -> dict:
         """What the log holds now, and the segments (doctor and the benches print it)."""
