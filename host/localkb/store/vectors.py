@@ -451,9 +451,15 @@ class VectorIndex:
         self.generation = generation
 
     def _reopen(self) -> None:
-        """The files just written, opened as a new process would (the log is empty)."""
-        self._open_files(read_json(self.meta_path) or {})
-        self._pending, self._pending_count = [], 0
+        """The files just written, opened as a new process would (the log is empty).
+
+        Opened into a fresh object and taken over in one step: the host searches while a
+        write folds, and a search must see the old files and changes or the new ones, never
+        a half-opened mix (one ``dict.update`` runs without releasing the GIL).
+        """
+        fresh = VectorIndex(self.path, self.model, self.dim)
+        fresh._open_files(read_json(self.meta_path) or {})
+        self.__dict__.update(fresh.__dict__)
         self._remove_unlisted()
 
     def _remove_unlisted(self) -> None:
