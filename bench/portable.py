@@ -2,6 +2,7 @@
 
     python bench/portable.py [--chunks 5000] [--model all-MiniLM-L6-v2]
     python bench/portable.py --random-vectors --chunks 30000 --compare OTHER_CHECKOUT [--repeat 3]
+    python bench/portable.py --chunks 10000 --real-vectors-from KB_DIR/vectors-<model>.usearch [--repeat 3]
 
 Builds a knowledge base in a temporary data dir by importing generated passages
 (real vectors from the chosen model), then times export and import and prints
@@ -13,6 +14,12 @@ With ``--compare``, the same file is imported by this checkout and by another on
 ``host/`` on PYTHONPATH), each import a ``localkb import`` process of its own into an empty
 data dir, the two in rotating order over ``--repeat`` rounds: MB/s and peak RSS min/median/max
 of each, and the per-round speed ratio.
+
+With ``--real-vectors-from`` (a knowledge base's vector index, e.g. the SciFact eval's), the
+same passages are written twice, once with random unit vectors and once with that index's
+real passage vectors, and both files are imported by this checkout in rotating order: the
+HNSW graph an import builds costs more on random unit vectors (no clusters to descend) than
+on real ones, so the random-vector figure is the slow case, not the typical one.
 """
 
 from __future__ import annotations
@@ -60,6 +67,37 @@ def timed_import(host: Path, path: Path, home: Path) -> tuple[float, float]:
     return float(secs), float(peak)
 
 
+def real_vectors(path: Path, n: int, dim: int) -> np.ndarray:
+    """The first ``n`` vectors of a saved usearch index (real passage vectors of some model)."""
+    import onnxruntime  # noqa: F401  (before usearch's extension: see store/vectors.py)
+    from usearch.index import Index
+
+    ix = Index(ndim=dim, metric="cos")
+    ix.view(str(path))
+    if len(ix) < n:
+        raise SystemExit(f"{path} holds {len(ix):,} vectors, fewer than --chunks {n:,}")
+    keys = np.asarray(ix.keys, dtype=np.uint64)[:n]
+    return np.asarray(ix.get(keys), dtype=np.float32).reshape(n, dim)
+
+
+def compare_vectors(files: dict[str, bytes], rounds: int) -> None:
+    here = Path(__file__).resolve().parents[1] / "host"
+    got: dict[str, list[tuple[float, float]]] = {k: [] for k in files}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, data in files.items():
+            (Path(tmp) / f"{name}.awkb").write_bytes(data)
+        for r in range(rounds):
+            for name in rotated(list(files), r):
+                home = Path(tmp) / f"home-{name}-{r}"
+                got[name].append(timed_import(here, Path(tmp) / f"{name}.awkb", home))
+    for name, runs in got.items():
+        mb = len(files[name]) / 1e6
+        print(f"import, {name} vectors ({mb:.1f} MB file): MB/s {spread([mb / s for s, _ in runs])}, "
+              f"seconds {spread([s for s, _ in runs])}, peak RSS MiB {spread([p for _, p in runs], '.0f')}")
+    ratio = [a[0] / b[0] for a, b in zip(got["random"], got["real"], strict=True)]
+    print(f"import seconds random/real per round min/med/max {spread(ratio)} over {rounds} rounds")
+
+
 def compare(data: bytes, other: Path, rounds: int) -> None:
     here = Path(__file__).resolve().parents[1] / "host"
     hosts = {"this": here, "other": other / "host"}
@@ -82,7 +120,8 @@ WORDS = ("the of and a to in is was for on that with as by at from his her it an
          "lantern orchard voyage ledger furnace meadow")
 
 
-def generated(store: Store, model: str, n: int, seed: int = 1, *, random_vectors: bool = False) -> bytes:
+def generated(store: Store, model: str, n: int, seed: int = 1, *, random_vectors: bool = False,
+              vectors: np.ndarray | None = None) -> bytes:
     """An .awkb with ``n`` passages of English-like filler and the model's vectors (or random unit ones)."""
     rng = random.Random(seed)
     words = WORDS.split()
@@ -103,7 +142,9 @@ def generated(store: Store, model: str, n: int, seed: int = 1, *, random_vectors
                            "text_hash": hashlib.sha256(passage_text(title, text).encode()).hexdigest()[:32],
                            "indexed_by": "cli", "indexed_at": 1.7e9, "_p": passage_text(title, text)})
     texts = [c.pop("_p") for c in chunks]
-    if random_vectors:  # import never re-embeds: the values do not change what it costs
+    if vectors is not None:
+        vecs = vectors[:n]
+    elif random_vectors:  # import never re-embeds, but the graph it builds is slower on these
         vecs = np.random.default_rng(seed).standard_normal((n, emb.dim)).astype(np.float32)
         vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
     else:
@@ -136,10 +177,21 @@ def main() -> int:
                     help="random unit vectors instead of embedding the passages (import speed is the same)")
     ap.add_argument("--keyword-engine", choices=["auto", "whoosh", "tantivy"], default="auto")
     ap.add_argument("--compare", type=Path, help="another checkout: its import, interleaved with this one's")
+    ap.add_argument("--real-vectors-from", type=Path,
+                    help="a vector index: import its real vectors and random ones, interleaved")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Settings.from_env({**os.environ, "LOCALKB_HOME": tmp,
                                          "LOCALKB_KEYWORD_ENGINE": args.keyword_engine}))
+        if args.real_vectors_from:
+            dim = store.models.get(args.model).dim
+            files = {"random": generated(store, args.model, args.chunks, random_vectors=True),
+                     "real": generated(store, args.model, args.chunks,
+                                       vectors=real_vectors(args.real_vectors_from, args.chunks, dim))}
+            print(f"{args.chunks} chunks, the same passages; real vectors from {args.real_vectors_from}")
+            compare_vectors(files, args.repeat)
+            store.close()
+            return 0
         t = time.perf_counter()
         seed_file = generated(store, args.model, args.chunks, random_vectors=args.random_vectors)
         kind = "random unit vectors" if args.random_vectors else args.model

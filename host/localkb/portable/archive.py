@@ -835,6 +835,11 @@ def import_kb(store: Store, src: Path | BinaryIO, *, name: str | None = None,
                 check_cancelled()
             _emit(progress, stage="write", done=0, total=stager.chunks)
             if isinstance(store, LocalStore):
+                # Ingest's tables and its (kb_id, text_hash) index, before the rows: built
+                # later, by the first add, they cost that add a pass over every passage.
+                from localkb.ingest.staging import ensure_tables
+
+                ensure_tables(store)
                 counts = _publish(store, staged, head, stager, name)
             else:
                 kb_id, counts = _publish_through_seam(store, staged, head, name)

@@ -62,7 +62,7 @@ from localkb.store.catalog import (
 )
 from localkb.store.keyword_engine import KeywordEngine
 from localkb.store.keywords import KeywordHit
-from localkb.store.vectors import VectorHits, VectorIndex
+from localkb.store.vectors import VectorHits, VectorIndex, remove_index
 from localkb.strings import clean_name, string_problem
 
 PRIVACY = ("device", "cloud")
@@ -721,10 +721,7 @@ class KnowledgeBase(KnowledgeBaseHandle):
     def after_switch(self, old_model: str) -> None:
         """Build the new model's indexes; drop the old model's vector index file."""
         self.indexes()
-        old = self.dir / f"vectors-{old_model}.usearch"
-        old.unlink(missing_ok=True)
-        old.with_suffix(".json").unlink(missing_ok=True)
-        old.with_suffix(".log").unlink(missing_ok=True)
+        remove_index(self.dir / f"vectors-{old_model}.usearch")
 
     # -- health ----------------------------------------------------------------
     def health(self, *, repair: bool = False) -> dict:
@@ -804,9 +801,7 @@ class KnowledgeBase(KnowledgeBaseHandle):
                 self.close()
                 shutil.rmtree(self.keyword_path, ignore_errors=True)
                 self.keyword_path.with_suffix(".json").unlink(missing_ok=True)
-                self.vector_path.unlink(missing_ok=True)
-                self.vector_path.with_suffix(".json").unlink(missing_ok=True)
-                self.vector_path.with_suffix(".log").unlink(missing_ok=True)
+                remove_index(self.vector_path)
                 with self.catalog.tx() as db:
                     bad = [r[0] for r in rows if not valid_vector(r[1], self.record.dim)]
                     db.executemany("DELETE FROM chunks WHERE kb_id = ? AND vkey = ?",
