@@ -21,9 +21,15 @@ two threads joined by a bounded queue:
   interrupt keeps the old version or the new one whole and the next add resumes from the
   staged batches.
 
-So the model never waits for text: while it embeds one batch, the reader prepares the
-next. Memory stays bounded whatever the input: the queue, one batch, and a big source's
-per-passage hashes.
+- the *committer* (one more thread) runs each small-source batch's write, its row counts
+  and every source's outcome, in order, while the writer embeds the next batch; at most
+  one write is in flight. Big sources' staged batches and their switch are still written
+  by the writer itself.
+
+So the model waits neither for text nor for the catalogue: while it embeds one batch, the
+reader prepares the next and the committer writes the one before. Memory stays bounded
+whatever the input: the queue, two batches (one embedding, one being written), and a big
+source's per-passage hashes.
 
 Re-adding a source upserts the same deterministic chunk ids, keeps the vectors of passages
 whose text did not change (or copies them from an identical passage elsewhere in the
@@ -439,7 +445,7 @@ class _Job:
         self.recipe = _recipe(kb)
         self.report = IngestReport()
         #: Where the writer's time went: waiting for the reader, in the model, in writes.
-        self.timings = {"wait_s": 0.0, "embed_s": 0.0, "write_s": 0.0}
+        self.timings = {"wait_s": 0.0, "embed_s": 0.0, "write_s": 0.0, "commit_wait_s": 0.0}
         #: The model's work for this job: batches, texts, tokens and padded tokens.
         self.model_work: dict[str, int] = {}
         self._done_items: set[int] = set()
@@ -612,6 +618,79 @@ def _file_key(path: Path) -> str:
     return "file:" + str(path.resolve())
 
 
+# == the committer ===========================================================================
+class _Committer:
+    """One thread that runs the job's small-source batch writes and every source's outcome, in order.
+
+    The writer hands it a batch once the batch is embedded and goes on embedding the next
+    one, so the model does not wait for the catalogue and index commit. At most one write
+    is in flight (the next waits for it: memory stays one batch ahead); outcomes
+    (``finish``) are queued behind it, so reports come in the order they always did.
+    ``drain`` waits for everything handed over; an unexpected error of a task is re-raised
+    there, on the writer's thread.
+    """
+
+    def __init__(self, timings: dict) -> None:
+        self.timings = timings
+        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self._write_slot = threading.Semaphore(1)
+        self._cond = threading.Condition()
+        self._queued = 0
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._work, name="localkb-ingest-committer", daemon=True)
+        self._thread.start()
+
+    def submit(self, task: Callable[[], None], *, write: bool = False) -> None:
+        self._raise()
+        if write:
+            t0 = time.perf_counter()
+            self._write_slot.acquire()
+            self.timings["commit_wait_s"] += time.perf_counter() - t0
+        with self._cond:
+            self._queued += 1
+        self._tasks.put((task, write))
+
+    def _work(self) -> None:
+        while True:
+            item = self._tasks.get()
+            if item is None:
+                return
+            task, write = item
+            try:
+                if self._error is None:
+                    task()
+            except BaseException as err:  # handed to the writer's thread at its next submit or drain
+                self._error = err
+            finally:
+                if write:
+                    self._write_slot.release()
+                with self._cond:
+                    self._queued -= 1
+                    self._cond.notify_all()
+
+    def drain(self) -> None:
+        """Wait until every task handed over has run; re-raise a task's unexpected error."""
+        t0 = time.perf_counter()
+        with self._cond:
+            self._cond.wait_for(lambda: self._queued == 0)
+        self.timings["commit_wait_s"] += time.perf_counter() - t0
+        self._raise()
+
+    def close(self) -> None:
+        """Drain (however the job ended) and stop the thread; an error waits for ``check``."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._queued == 0)
+        self._tasks.put(None)
+        self._thread.join()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+
+    check = _raise
+
+
 # == the writer ==============================================================================
 class _Writer:
     """Takes the reader's messages: embeds in batches, writes small sources together, stages big ones."""
@@ -623,6 +702,10 @@ class _Writer:
         self.open: _Source | None = None
         self.dead: set[int] = set()  # big sources that failed half-way: their last messages are dropped
         self.embed_broken = False
+        self.committer = _Committer(job.timings)
+        #: text hash -> vector of the batch handed to the committer last: an identical passage
+        #: in the next batch copies it whether or not that write has landed yet.
+        self.in_flight: dict[str, np.ndarray] = {}
 
     def _small(self) -> list[_Source]:
         """The small sources of the batch being gathered: the complete ones and the open one."""
@@ -710,6 +793,7 @@ class _Writer:
             self.finish(src.item, job.failed_report(src.item, err), src)
         elif kind == "barrier":
             self.flush()
+            self.committer.drain()  # this job's sources finished (their locks released) first
             msg[1].set()
         elif kind == "crash":
             raise msg[1]
@@ -763,7 +847,9 @@ class _Writer:
         out: dict[int, dict[int, np.ndarray]] = {id(s): {} for s in sources}
         if not wanted:
             return out
-        copies = kb.vectors_by_text_hash([_text_hash(t) for _s, _c, t in wanted])
+        hashes = [_text_hash(t) for _s, _c, t in wanted]
+        copies = kb.vectors_by_text_hash(hashes)
+        copies.update((h, self.in_flight[h]) for h in hashes if h not in copies and h in self.in_flight)
         todo = [(s, c, text) for s, c, text in wanted if _text_hash(text) not in copies]
         if todo:
             kb.embedder.load()  # a model that cannot load raises here, before anything is taken
@@ -820,15 +906,28 @@ class _Writer:
                 s.vectors.update(vectors[id(s)])
             self.job.cancelled()
             writable = [s for s in batch if len(s.failures) < len(s.chunks) and not _unchanged(self.kb, s)]
-            if writable:
-                self.write(writable)
-            for s in batch:
-                self.finish(s.item, _count(self.kb, s), s)
         except LocalKBError as err:
             if isinstance(err, Cancelled):
                 raise
             for s in batch:
                 self.finish(s.item, self.job.failed_report(s.item, err), s)
+            return
+        # The write, the row counts and the outcomes run on the committer; the model goes on.
+        self.in_flight = {s.hashes[i]: v for s in writable for i, v in s.vectors.items()}
+        self.committer.submit(lambda: self._commit(batch, writable), write=True)
+
+    def _commit(self, batch: list[_Source], writable: list[_Source]) -> None:
+        """On the committer: write the batch in one transaction, then count and report each source."""
+        try:
+            if writable:
+                self.write(writable)
+            reports = [_count(self.kb, s) for s in batch]
+        except LocalKBError as err:
+            for s in batch:
+                self._finish(s.item, self.job.failed_report(s.item, err), s)
+            return
+        for s, rep in zip(batch, reports, strict=True):
+            self._finish(s.item, rep, s)
 
     def write(self, batch: list[_Source]) -> None:
         """One transaction for the whole batch: each source lands whole or not at all."""
@@ -910,6 +1009,10 @@ class _Writer:
 
     # -- outcomes ----------------------------------------------------------------------------
     def finish(self, item: _Item, rep: SourceReport, src: _Source | None = None) -> None:
+        """Record an outcome, behind any write still in flight (reports keep their order)."""
+        self.committer.submit(lambda: self._finish(item, rep, src))
+
+    def _finish(self, item: _Item, rep: SourceReport, src: _Source | None = None) -> None:
         job = self.job
         rep.name = item.name
         if src is not None:
@@ -1034,12 +1137,14 @@ def _run(kb: KnowledgeBase, items: list[_Item], *, progress: Progress | None,
                 job.timings["wait_s"] += time.perf_counter() - t0
             if msg[0] == "done":
                 writer.flush()
+                writer.committer.drain()
                 break
             writer.take(msg)
     except Cancelled:
         job.report.interrupted = True
     finally:
         reader.stop.set()
+        writer.committer.close()  # a write in flight lands (and is reported) before the job ends
         reader.join(timeout=30)
         job.locks.release_all()
         job.report.elapsed_s = job.progress.elapsed()
@@ -1047,6 +1152,7 @@ def _run(kb: KnowledgeBase, items: list[_Item], *, progress: Progress | None,
         job.report.passages = job.progress.passages
         job.report.timings = {**{k: round(v, 2) for k, v in job.timings.items()},
                               "model": dict(job.model_work)}
+    writer.committer.check()
     if job.report.interrupted:
         job.report.pending = [i.name for i in items if id(i) not in job._done_items]
         with_staged = kb.staged_sources()
