@@ -243,7 +243,7 @@ def bench_chat(n: int, *, db_url: str | None, settings: Settings, rounds: int) -
     with throwaway_team_store(db_url) as team, FakeLLM(reply="See [1].") as llm:
         config = ChatConfig(endpoint=Endpoint("bench", llm.base_url, "fake"), caps=Caps(0, 0))
         rec, token, httpd = serve_one_writer(team, settings, "chat", chat=config)
-        from localkb.ingest.seam import add_capture
+        from localkb.ingest.pipeline import add_capture
 
         kb = team.open_kb(rec.id)
         for x in docs:

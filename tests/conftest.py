@@ -137,11 +137,7 @@ def any_kb(any_store):
 
 
 def add_document_to(kb, doc, key: str):
-    """Each store's own write path: the local pipeline (issue 17's) or the team server's (ingest.seam)."""
-    from localkb.store.kb import KnowledgeBase
+    """The one ingest pipeline, on either store of the seam."""
+    from localkb.ingest.pipeline import add_document
 
-    if isinstance(kb, KnowledgeBase):
-        from localkb.ingest.pipeline import add_document
-    else:
-        from localkb.ingest.seam import add_document
     return add_document(kb, doc, key=key)

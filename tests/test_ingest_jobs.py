@@ -284,3 +284,57 @@ def test_ctrl_c_stops_at_a_safe_point_and_says_what_was_kept(tmp_path):
     again = json.loads(run_cli(["add", "Docs", str(tmp_path / "notes"), "--json"], home).stdout)
     by = again["totals"]["by_status"]
     assert by["unchanged"] == kept and by["added"] == 40 - kept
+
+
+# -- the committer: the model never waits for a write ---------------------------------------
+def test_the_model_embeds_the_next_batch_while_a_write_commits(kb, tmp_path, monkeypatch):
+    """A batch's write runs on the committer thread: while the first write is held open, the
+    writer goes on and embeds the next batch (a model call with none of the first batch's
+    passages, after the last one with them). Ctrl-C then stops the job; what was handed to
+    the committer lands whole and is reported, the rest is pending."""
+    import threading
+
+    from localkb.errors import Cancelled
+    from localkb.store.kb import KnowledgeBase
+
+    write_notes(tmp_path / "notes", 16, paragraphs=4)
+    calls: list[set[str]] = []  # text hashes of each model call, in order
+    cond = threading.Condition()
+    overlapped = threading.Event()
+    real_write, real_embed = KnowledgeBase.write_sources, type(kb.embedder).embed
+    writes_seen = []
+
+    def embed(self, texts, *a, **k):
+        with cond:
+            calls.append({pipeline._text_hash(t) for t in texts})
+            cond.notify_all()
+        return real_embed(self, texts, *a, **k)
+
+    def next_batch_embedded(mine: set[str]) -> bool:
+        last = max(i for i, hs in enumerate(calls) if hs & mine)
+        return any(not hs & mine for hs in calls[last + 1:])
+
+    def slow_write(self, writes):
+        writes_seen.append(writes)
+        if len(writes_seen) == 1:
+            mine = {c.text_hash for w in writes for c in w.chunks}
+            with cond:  # without a committer this waits in vain: the writer's thread is here
+                if cond.wait_for(lambda: next_batch_embedded(mine), 20):
+                    overlapped.set()
+        return real_write(self, writes)
+
+    def cancel():
+        if overlapped.is_set():
+            raise Cancelled("stop")
+
+    monkeypatch.setattr(KnowledgeBase, "write_sources", slow_write)
+    monkeypatch.setattr(type(kb.embedder), "embed", embed)
+    monkeypatch.setattr(pipeline, "EMBED_WINDOW", 256)
+    report = add_paths(kb, [str(tmp_path / "notes")], batch_tokens=300, check_cancelled=cancel)
+    assert overlapped.is_set()  # the model worked on the next batch before the first write ended
+    assert report.interrupted and report.pending
+    kept = [s for s in report.sources if s.status == "added"]
+    assert len(kept) == len(report.sources) and all(s.added == s.total for s in kept)  # whole
+    assert kb.catalog.counts(kb.id)["chunks"] == sum(s.added for s in kept)
+    assert {s.name for s in kept}.isdisjoint(report.pending)
+    assert len(kept) + len(report.pending) == 16

@@ -13,7 +13,7 @@ import pytest
 
 from localkb.errors import EmbeddingUnavailable, IndexUnavailable
 from localkb.ingest.extract import extract_text
-from localkb.ingest.seam import add_document
+from localkb.ingest.pipeline import add_document
 from localkb.retrieval.search import Searcher, status_line
 from test_search import PAGES
 
@@ -182,3 +182,99 @@ def test_reembedding_switches_model_and_keeps_every_passage(any_store, docs):
     assert search(any_store, "legacy sync API", mode="vector").statuses[0].status != "unavailable"
     again = reembed(any_store, "Docs", "hashing-256")
     assert not again.switched and again.summary == "Docs already uses hashing-256"
+
+
+# -- the one ingest pipeline, on both stores ------------------------------------------------
+def _manual(n: int, changed: int | None = None) -> str:
+    return "\n\n".join(
+        f"Paragraph {i} of the boiler manual: open valve {i}, wait {i + 2} minutes, then read "
+        f"gauge {i} and write the pressure in the log before you close valve {i}."
+        + (" This step was rewritten for the new pump." if i == changed else "")
+        for i in range(n))
+
+
+@pytest.fixture
+def embedded(any_kb, monkeypatch):
+    """Every text the model is asked to embed, whichever handle (or thread) asks."""
+    seen: list[str] = []
+    lock = __import__("threading").Lock()
+    real = type(any_kb.embedder).embed
+
+    def counting(self, texts, *a, **k):
+        with lock:
+            seen.extend(texts)
+        return real(self, texts, *a, **k)
+
+    monkeypatch.setattr(type(any_kb.embedder), "embed", counting)
+    return seen
+
+
+def test_pipeline_readd_unchanged_and_edit_reuses_vectors(any_store, any_kb, embedded):
+    from localkb.ingest.pipeline import add_document as pipeline_add
+
+    first = pipeline_add(any_kb, extract_text(_manual(10), title="Boiler"), key="boiler")
+    assert first.status == "added" and first.added == first.total >= 3
+    assert len(embedded) == first.total
+    again = pipeline_add(any_kb, extract_text(_manual(10), title="Boiler"), key="boiler")
+    assert again.status == "unchanged" and again.unchanged == first.total and len(embedded) == first.total
+    embedded.clear()
+    edited = pipeline_add(any_kb, extract_text(_manual(10, changed=5), title="Boiler"), key="boiler")
+    assert edited.status == "updated" and edited.source_id == first.source_id
+    assert 1 <= edited.updated <= 2 and edited.unchanged == edited.total - edited.updated
+    assert len(embedded) == edited.updated  # only the changed passages met the model
+    assert all("rewritten" in t for t in embedded)
+    rows, total = any_kb.list_sources()
+    assert total == 1 and rows[0]["chunks"] == edited.total == any_store.counts(any_kb.id)["chunks"]
+
+
+def test_pipeline_big_source_interrupted_keeps_old_whole_and_resumes(any_store, any_kb, embedded):
+    from localkb.errors import Cancelled
+    from localkb.ingest.pipeline import ingest_documents
+
+    def job(text):
+        return [("manual", lambda: (extract_text(text, title="Boiler"), "boiler"))]
+
+    old = ingest_documents(any_kb, job(_manual(6)), batch_tokens=400)[0]
+    assert old.status == "added"
+    old_texts = {r["text"] for r in any_store.passage_window(any_kb.id, old.source_id, 0, 5)}
+    new_text = _manual(40).replace("Paragraph", "Step")
+    embedded.clear()
+
+    def cancel_after_two_batches():
+        if len(embedded) >= 8:
+            raise Cancelled("stop")
+
+    with pytest.raises(Cancelled):
+        ingest_documents(any_kb, job(new_text), batch_tokens=400, check_cancelled=cancel_after_two_batches)
+    staged_once = len(embedded)
+    assert staged_once >= 8
+    # The old version is still the whole, only, visible one.
+    rows, total = any_kb.list_sources()
+    assert total == 1 and rows[0]["chunks"] == old.total
+    assert {r["text"] for r in any_store.passage_window(any_kb.id, old.source_id, 0, 5)} == old_texts
+    embedded.clear()
+    done = ingest_documents(any_kb, job(new_text), batch_tokens=400)[0]
+    assert done.status == "updated" and done.total > staged_once and done.failed == 0
+    assert done.resumed >= 4  # the staged batches of the interrupted run were kept
+    assert len(embedded) == done.total - done.resumed  # and not embedded again
+    rows, total = any_kb.list_sources()
+    assert rows[0]["chunks"] == done.total == any_store.counts(any_kb.id)["chunks"]
+
+
+def test_pipeline_two_adds_of_one_source_at_once_embed_once(any_store, any_kb, embedded):
+    import threading
+
+    from localkb.ingest.pipeline import add_document as pipeline_add
+
+    text = _manual(12)
+    reports = []
+    handles = [any_store.open_kb("Docs"), any_store.open_kb("Docs")]
+    threads = [threading.Thread(target=lambda h=h: reports.append(
+        pipeline_add(h, extract_text(text, title="Boiler"), key="boiler"))) for h in handles]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert sorted(r.status for r in reports) == ["added", "unchanged"]
+    assert len(embedded) == reports[0].total  # the second waited for the first and found it stored
+    assert any_store.counts(any_kb.id)["chunks"] == reports[0].total

@@ -413,7 +413,7 @@ def test_a_team_database_that_goes_away_makes_searches_unavailable(team, team_db
 
 def test_an_awkb_file_goes_to_a_team_and_back(team, tmp_path, settings):
     from localkb.ingest.extract import extract_text
-    from localkb.ingest.seam import add_document
+    from localkb.ingest.pipeline import add_document
 
     home = tmp_path / "root"
     store = Store(Settings_for(home, settings))
@@ -664,7 +664,7 @@ def test_a_database_written_with_another_keyword_analysis_is_reanalysed_on_open(
     """The team twin of the local index rebuilt on open: tsvectors of an older analysis (before
     issue 15's positions, suffixes and versions) are rewritten when a server connects."""
     from localkb.ingest.extract import extract_text
-    from localkb.ingest.seam import add_document
+    from localkb.ingest.pipeline import add_document
     from localkb.team.access import Access
     from localkb.team.db import Database
     from localkb.team.store import TeamStore

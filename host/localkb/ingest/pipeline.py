@@ -1,5 +1,9 @@
 """Honest, idempotent ingestion: extract, chunk, embed, write, and report real rows.
 
+The one pipeline of both stores: every read and write it does goes through the store seam's
+ingestion methods (``store.base``), so the local store (SQLite + usearch + Whoosh) and the
+team store (PostgreSQL + pgvector, at the writer's access level) ingest alike.
+
 One job (an add of files, folders and URLs, a sync, a page from the extension) runs as
 two threads joined by a bounded queue:
 
@@ -12,13 +16,20 @@ two threads joined by a bounded queue:
 - the *writer* (the calling thread) embeds what needs embedding in length-sorted model
   batches and writes. Small sources are written together, one catalogue transaction per
   batch of about ``BATCH_TOKENS`` model tokens, each source whole in one of them. A
-  source bigger than a batch is staged (``staging.py``): embedded and committed batch by
-  batch out of sight, then switched in with one transaction, so an interrupt keeps the
-  old version or the new one whole and the next add resumes from the staged batches.
+  source bigger than a batch is staged (the store's ``stage_passages``): embedded and
+  committed batch by batch out of sight, then published with one transaction, so an
+  interrupt keeps the old version or the new one whole and the next add resumes from the
+  staged batches.
 
-So the model never waits for text: while it embeds one batch, the reader prepares the
-next. Memory stays bounded whatever the input: the queue, one batch, and a big source's
-per-passage hashes.
+- the *committer* (one more thread) runs each small-source batch's write, its row counts
+  and every source's outcome, in order, while the writer embeds the next batch; at most
+  one write is in flight. Big sources' staged batches and their switch are still written
+  by the writer itself.
+
+So the model waits neither for text nor for the catalogue: while it embeds one batch, the
+reader prepares the next and the committer writes the one before. Memory stays bounded
+whatever the input: the queue, two batches (one embedding, one being written), and a big
+source's per-passage hashes.
 
 Re-adding a source upserts the same deterministic chunk ids, keeps the vectors of passages
 whose text did not change (or copies them from an identical passage elsewhere in the
@@ -32,7 +43,6 @@ from __future__ import annotations
 
 import hashlib
 import queue
-import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -53,7 +63,6 @@ from localkb.errors import (
     SourceNotFound,
     SourceTooLarge,
 )
-from localkb.ingest import staging
 from localkb.ingest.chunk import Chunk, iter_chunks, passage_text
 from localkb.ingest.extract import (
     TEXT_SEGMENT_CHARS,
@@ -71,16 +80,9 @@ from localkb.ingest.files import (
     walk_folder,
 )
 from localkb.ingest.progress import JobProgress
-from localkb.locks import StripedLocks
-from localkb.store.catalog import (
-    UPSERT_SOURCE,
-    chunk_id,
-    source_id,
-    valid_vector,
-    vector_blob,
-    vector_key,
-)
-from localkb.store.kb import Change, KnowledgeBase
+from localkb.store.base import ChunkWrite, FileFingerprint, SourceWrite, StagedPassage
+from localkb.store.base import KnowledgeBaseHandle as KnowledgeBase
+from localkb.store.catalog import chunk_id, source_id
 
 CHUNKER_VERSION = "1"
 CAPTURED_BY = ("cli", "folder", "url", "context-menu", "side-panel", "toolbar", "import", "chat",
@@ -433,18 +435,17 @@ class _Job:
 
     def __init__(self, kb: KnowledgeBase, *, progress: Progress | None, check_cancelled: CancelCheck | None,
                  batch_tokens: int, max_bytes: int) -> None:
-        staging.ensure_tables(kb.store)
         self.kb = kb
         self.settings = kb.store.settings
         self.progress = JobProgress(progress)
         self.check_cancelled = check_cancelled
         self.batch_tokens = batch_tokens
         self.max_bytes = max_bytes
-        self.locks = StripedLocks(kb.store.root / "locks" / "sources")
+        self.locks = kb.item_locks()
         self.recipe = _recipe(kb)
         self.report = IngestReport()
         #: Where the writer's time went: waiting for the reader, in the model, in writes.
-        self.timings = {"wait_s": 0.0, "embed_s": 0.0, "write_s": 0.0}
+        self.timings = {"wait_s": 0.0, "embed_s": 0.0, "write_s": 0.0, "commit_wait_s": 0.0}
         #: The model's work for this job: batches, texts, tokens and padded tokens.
         self.model_work: dict[str, int] = {}
         self._done_items: set[int] = set()
@@ -472,12 +473,11 @@ class _Job:
 
     # -- reading (on the reader thread) --------------------------------------------------------
     def failed_report(self, item: _Item, err: LocalKBError) -> SourceReport:
-        self.kb.catalog.log_error("ingest", err.code, f"{item.name}: {err}", kb_id=self.kb.id,
-                                  ref=item.name)
+        self.kb.log_error("ingest", err.code, f"{item.name}: {err}", ref=item.name)
         return SourceReport(name=item.name, status="failed", error={"code": err.code, "message": str(err)})
 
     def skipped_report(self, item: _Item, reason: str) -> SourceReport:
-        _log_skip(self.kb, item.name, reason)
+        self.kb.log_skip(item.name, reason)
         return SourceReport(name=item.name, status="skipped", reason=reason)
 
     def open_source(self, item: _Item) -> _Source | SourceReport:
@@ -500,23 +500,21 @@ class _Job:
             key = _file_key(path)
             sid = source_id(kb.id, key)
             fingerprint = Fingerprint(st.st_size, st.st_mtime_ns)
-            stored = staging.stored_fingerprint(kb.catalog.db, sid)
-            if stored is not None and stored["recipe"] == self.recipe and \
-                    stored["stored"] == stored["chunk_count"] and stored["size"] == st.st_size:
-                same = stored["mtime_ns"] == st.st_mtime_ns
+            stored = kb.file_state(sid)
+            if stored is not None and stored.recipe == self.recipe and \
+                    stored.stored == stored.chunk_count and stored.size == st.st_size:
+                same = stored.mtime_ns == st.st_mtime_ns
                 if not same:
                     digest = _hash(path)
                     fingerprint = Fingerprint(st.st_size, st.st_mtime_ns, digest)
-                    same = digest == stored["sha256"]
+                    same = digest == stored.sha256
                     if same:  # touched, not changed: remember the new mtime so next time is a stat
-                        with kb.store.lock.hold(), kb.catalog.tx() as db:
-                            staging.save_fingerprint(db, sid, kb.id, str(path), size=st.st_size,
-                                                     mtime_ns=st.st_mtime_ns, sha256=digest,
-                                                     recipe=self.recipe)
+                        kb.save_file_state(sid, FileFingerprint(str(path), st.st_size, st.st_mtime_ns,
+                                                                digest, self.recipe))
                 if same:
                     return SourceReport(name=item.name, status="unchanged", source_id=sid,
-                                        title=stored["title"], url=stored["url"],
-                                        unchanged=stored["chunk_count"], total=stored["chunk_count"])
+                                        title=stored.title, url=stored.url,
+                                        unchanged=stored.chunk_count, total=stored.chunk_count)
             if fingerprint.sha256 is None:
                 fingerprint = Fingerprint(st.st_size, st.st_mtime_ns, _hash(path))
             per_unit: dict[str, float] = {}
@@ -540,9 +538,9 @@ class _Job:
                 time.sleep(0.1)  # a capture or URL: one source, nothing else held
             self._item_keys[id(item)] = lock_key
         src = _Source(item=item, sid=sid, key=key, doc=doc, lock_key=self._item_keys.get(id(item), ""),
-                      before=_stored_chunks(kb, sid), digest=_digest_start(doc, kb.record.model),
+                      before=kb.stored_passages(sid), digest=_digest_start(doc, kb.record.model),
                       fingerprint=fingerprint)
-        src.staged_before = staging.staged_hashes(kb.catalog.db, sid, kb.record.model)
+        src.staged_before = kb.staged_passages(sid, kb.record.model)
         return src
 
     def stream_source(self, src: _Source, put: Callable[[tuple], None]) -> None:
@@ -620,22 +618,77 @@ def _file_key(path: Path) -> str:
     return "file:" + str(path.resolve())
 
 
-def _log_skip(kb: KnowledgeBase, ref: str, reason: str) -> None:
-    """Log a skipped file once: the same reason for the same file is not logged again."""
-    last = kb.catalog.db.execute(
-        "SELECT message FROM errors WHERE kb_id = ? AND ref = ? AND code = 'skipped' "
-        "ORDER BY id DESC LIMIT 1",
-        (kb.id, ref)).fetchone()
-    message = f"{ref}: skipped: {reason}"
-    if last is None or last[0] != message:
-        kb.catalog.log_error("ingest", "skipped", message, kb_id=kb.id, ref=ref)
+# == the committer ===========================================================================
+class _Committer:
+    """One thread that runs the job's small-source batch writes and every source's outcome, in order.
 
+    The writer hands it a batch once the batch is embedded and goes on embedding the next
+    one, so the model does not wait for the catalogue and index commit. At most one write
+    is in flight (the next waits for it: memory stays one batch ahead); outcomes
+    (``finish``) are queued behind it, so reports come in the order they always did.
+    ``drain`` waits for everything handed over; an unexpected error of a task is re-raised
+    there, on the writer's thread.
+    """
 
-def _stored_chunks(kb: KnowledgeBase, sid: str,
-                   db: sqlite3.Connection | None = None) -> dict[int, tuple[str, str, bool]]:
-    db = db or kb.catalog.db
-    return {r[0]: (r[1], r[2], valid_vector(r[3], kb.record.dim))
-            for r in db.execute("SELECT idx, id, text_hash, vector FROM chunks WHERE source_id = ?", (sid,))}
+    def __init__(self, timings: dict) -> None:
+        self.timings = timings
+        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self._write_slot = threading.Semaphore(1)
+        self._cond = threading.Condition()
+        self._queued = 0
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._work, name="localkb-ingest-committer", daemon=True)
+        self._thread.start()
+
+    def submit(self, task: Callable[[], None], *, write: bool = False) -> None:
+        self._raise()
+        if write:
+            t0 = time.perf_counter()
+            self._write_slot.acquire()
+            self.timings["commit_wait_s"] += time.perf_counter() - t0
+        with self._cond:
+            self._queued += 1
+        self._tasks.put((task, write))
+
+    def _work(self) -> None:
+        while True:
+            item = self._tasks.get()
+            if item is None:
+                return
+            task, write = item
+            try:
+                if self._error is None:
+                    task()
+            except BaseException as err:  # handed to the writer's thread at its next submit or drain
+                self._error = err
+            finally:
+                if write:
+                    self._write_slot.release()
+                with self._cond:
+                    self._queued -= 1
+                    self._cond.notify_all()
+
+    def drain(self) -> None:
+        """Wait until every task handed over has run; re-raise a task's unexpected error."""
+        t0 = time.perf_counter()
+        with self._cond:
+            self._cond.wait_for(lambda: self._queued == 0)
+        self.timings["commit_wait_s"] += time.perf_counter() - t0
+        self._raise()
+
+    def close(self) -> None:
+        """Drain (however the job ended) and stop the thread; an error waits for ``check``."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._queued == 0)
+        self._tasks.put(None)
+        self._thread.join()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+
+    check = _raise
 
 
 # == the writer ==============================================================================
@@ -649,6 +702,10 @@ class _Writer:
         self.open: _Source | None = None
         self.dead: set[int] = set()  # big sources that failed half-way: their last messages are dropped
         self.embed_broken = False
+        self.committer = _Committer(job.timings)
+        #: text hash -> vector of the batch handed to the committer last: an identical passage
+        #: in the next batch copies it whether or not that write has landed yet.
+        self.in_flight: dict[str, np.ndarray] = {}
 
     def _small(self) -> list[_Source]:
         """The small sources of the batch being gathered: the complete ones and the open one."""
@@ -731,12 +788,12 @@ class _Writer:
             src, err = msg[1], msg[2]
             self.open = None
             if src.staged:  # a source that breaks half-way is not resumed: drop what it staged
-                with self.kb.catalog.tx() as db:
-                    staging.unstage(db, src.sid)
+                self.kb.unstage(src.sid)
             job.progress.discount(src.pending_tokens)
             self.finish(src.item, job.failed_report(src.item, err), src)
         elif kind == "barrier":
             self.flush()
+            self.committer.drain()  # this job's sources finished (their locks released) first
             msg[1].set()
         elif kind == "crash":
             raise msg[1]
@@ -751,8 +808,7 @@ class _Writer:
             if keep:
                 if c.index in src.staged_before:  # stored text is current: a stale staged row must go
                     src.staged_before.pop(c.index)
-                    with self.kb.catalog.tx() as db:
-                        staging.unstage(db, src.sid, [c.index])
+                    self.kb.unstage(src.sid, [c.index])
                 continue
             if src.staged_before.get(c.index) == h:
                 src.resumed += 1
@@ -791,7 +847,9 @@ class _Writer:
         out: dict[int, dict[int, np.ndarray]] = {id(s): {} for s in sources}
         if not wanted:
             return out
-        copies = _vectors_by_hash(kb, [_text_hash(t) for _s, _c, t in wanted])
+        hashes = [_text_hash(t) for _s, _c, t in wanted]
+        copies = kb.vectors_by_text_hash(hashes)
+        copies.update((h, self.in_flight[h]) for h in hashes if h not in copies and h in self.in_flight)
         todo = [(s, c, text) for s, c, text in wanted if _text_hash(text) not in copies]
         if todo:
             kb.embedder.load()  # a model that cannot load raises here, before anything is taken
@@ -848,44 +906,48 @@ class _Writer:
                 s.vectors.update(vectors[id(s)])
             self.job.cancelled()
             writable = [s for s in batch if len(s.failures) < len(s.chunks) and not _unchanged(self.kb, s)]
-            if writable:
-                self.write(writable)
-            for s in batch:
-                self.finish(s.item, _count(self.kb, s), s)
         except LocalKBError as err:
             if isinstance(err, Cancelled):
                 raise
             for s in batch:
                 self.finish(s.item, self.job.failed_report(s.item, err), s)
+            return
+        # The write, the row counts and the outcomes run on the committer; the model goes on.
+        self.in_flight = {s.hashes[i]: v for s in writable for i, v in s.vectors.items()}
+        self.committer.submit(lambda: self._commit(batch, writable), write=True)
+
+    def _commit(self, batch: list[_Source], writable: list[_Source]) -> None:
+        """On the committer: write the batch in one transaction, then count and report each source."""
+        try:
+            if writable:
+                self.write(writable)
+            reports = [_count(self.kb, s) for s in batch]
+        except LocalKBError as err:
+            for s in batch:
+                self._finish(s.item, self.job.failed_report(s.item, err), s)
+            return
+        for s, rep in zip(batch, reports, strict=True):
+            self._finish(s.item, rep, s)
 
     def write(self, batch: list[_Source]) -> None:
         """One transaction for the whole batch: each source lands whole or not at all."""
         kb = self.kb
-        now = time.time()
         total = sum(len(s.chunks) for s in batch)
         self.job.progress.emit("write", 0, total, force=True)
-
-        def mutate(db: sqlite3.Connection) -> Change:
-            change = Change()
-            for s in batch:
-                s.before = _stored_chunks(kb, s.sid, db)
-                _upsert_source(db, kb, s, now)
-                rows = []
-                for c in s.chunks:
-                    vec = s.vectors.get(c.index)
-                    if vec is None:
-                        continue
-                    cid = chunk_id(kb.id, s.sid, c.index)
-                    rows.append((cid, vector_key(cid), kb.id, s.sid, c.index, c.text, s.hashes[c.index],
-                                 c.page, c.tokens, vector_blob(vec), s.item.captured_by, now))
-                    change.upserted.append((cid, vector_key(cid)))
-                db.executemany(_UPSERT_CHUNK, rows)
-                change.deleted.extend(_delete_stale(db, s, len(s.chunks)))
-            return change
-
+        writes = []
+        for s in batch:
+            chunks = []
+            for c in s.chunks:
+                vec = s.vectors.get(c.index)
+                if vec is not None:
+                    chunks.append(ChunkWrite(chunk_id(kb.id, s.sid, c.index), c.index, c.text,
+                                             s.hashes[c.index], c.page, c.tokens, vec, s.item.captured_by))
+            writes.append(_source_write(kb, s, len(s.chunks), chunks))
         t0 = time.perf_counter()
-        kb.write(mutate)
+        befores = kb.write_sources(writes)
         self.job.timings["write_s"] += time.perf_counter() - t0
+        for s in batch:
+            s.before = befores[s.sid]
         give_back_memory()
         self.job.progress.emit("write", total, total, force=True)
 
@@ -916,17 +978,15 @@ class _Writer:
         rows = []
         for idx, vec in sorted(vectors.items()):
             c = chunks[idx]
-            cid = chunk_id(kb.id, src.sid, idx)
-            rows.append((kb.id, src.sid, idx, cid, vector_key(cid), kb.record.model, c.text,
-                         src.hashes[idx], c.page, c.tokens, vector_blob(vec)))
+            rows.append(StagedPassage(idx, chunk_id(kb.id, src.sid, idx), c.text, src.hashes[idx], c.page,
+                                      c.tokens, vec))
         stale = [i for i in tried if i not in vectors and i in src.staged_before]
         if stale:  # failed now: an older staged text at that place must not be switched in
-            with kb.catalog.tx() as db:
-                staging.unstage(db, src.sid, stale)
+            kb.unstage(src.sid, stale)
             for i in stale:
                 src.staged_before.pop(i)
         if rows:
-            staging.stage_rows(kb.catalog, rows)
+            kb.stage_passages(src.sid, kb.record.model, rows)
             for idx in vectors:
                 src.staged_before[idx] = src.hashes[idx]
         self.job.progress.emit("write", len(src.staged_before), len(src.hashes), force=True)
@@ -936,23 +996,12 @@ class _Writer:
         kb = self.kb
         n = len(src.hashes)
         if len(src.failures) == n:
-            with kb.catalog.tx() as db:
-                staging.unstage(db, src.sid)
+            kb.unstage(src.sid)
             return _count(kb, src)
         self.job.cancelled()
-        now = time.time()
         self.job.progress.emit("write", 0, n, force=True)
-
-        def mutate(db: sqlite3.Connection) -> Change:
-            src.before = _stored_chunks(kb, src.sid, db)
-            _upsert_source(db, kb, src, now, chunk_count=n)
-            change = Change()
-            change.upserted.extend(staging.move_staged(db, src.sid, n, src.item.captured_by))
-            change.deleted.extend(_delete_stale(db, src, n))
-            return change
-
         t0 = time.perf_counter()
-        kb.write(mutate)
+        src.before = kb.publish_staged(_source_write(kb, src, n, []))
         self.job.timings["write_s"] += time.perf_counter() - t0
         give_back_memory()
         self.job.progress.emit("write", n, n, force=True)
@@ -960,6 +1009,10 @@ class _Writer:
 
     # -- outcomes ----------------------------------------------------------------------------
     def finish(self, item: _Item, rep: SourceReport, src: _Source | None = None) -> None:
+        """Record an outcome, behind any write still in flight (reports keep their order)."""
+        self.committer.submit(lambda: self._finish(item, rep, src))
+
+    def _finish(self, item: _Item, rep: SourceReport, src: _Source | None = None) -> None:
         job = self.job
         rep.name = item.name
         if src is not None:
@@ -972,26 +1025,18 @@ class _Writer:
                           job.progress.sources_total, current=item.display, force=src is not None)
 
 
-_UPSERT_CHUNK = (
-    "INSERT INTO chunks (id, vkey, kb_id, source_id, idx, text, text_hash, page, tokens, vector, "
-    "indexed_by, indexed_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET "
-    "text=excluded.text, text_hash=excluded.text_hash, page=excluded.page, tokens=excluded.tokens, "
-    "vector=excluded.vector, indexed_by=excluded.indexed_by, indexed_at=excluded.indexed_at")
-
-
-def _upsert_source(db: sqlite3.Connection, kb: KnowledgeBase, s: _Source, now: float, *,
-                   chunk_count: int | None = None) -> None:
-    row = db.execute("SELECT added_at FROM sources WHERE id = ?", (s.sid,)).fetchone()
+def _source_write(kb: KnowledgeBase, s: _Source, n: int, chunks: list[ChunkWrite]) -> SourceWrite:
+    """The source row of ``s`` with ``n`` passages: it keeps every one of them but those whose
+    new text failed to embed (those, and any past the new end, are deleted)."""
     doc = s.doc
-    db.execute(
-        UPSERT_SOURCE,
-        (s.sid, kb.id, s.key, doc.type, doc.title, doc.url, doc.file_name, s.digest.hexdigest(),
-         s.item.captured_by, len(s.hashes) if chunk_count is None else chunk_count, doc.pages, doc.lang,
-         row["added_at"] if row else now, now))
     fp = s.fingerprint
-    if fp is not None and fp.sha256 and s.item.path is not None:
-        staging.save_fingerprint(db, s.sid, kb.id, str(s.item.path), size=fp.size, mtime_ns=fp.mtime_ns,
-                                 sha256=fp.sha256, recipe=_recipe(kb))
+    file = (FileFingerprint(str(s.item.path), fp.size, fp.mtime_ns, fp.sha256, _recipe(kb))
+            if fp is not None and fp.sha256 and s.item.path is not None else None)
+    keep = {chunk_id(kb.id, s.sid, idx) for idx in range(n) if idx not in s.failures}
+    return SourceWrite(id=s.sid, key=s.key, type=doc.type, title=doc.title, url=doc.url,
+                       file_name=doc.file_name, content_hash=s.digest.hexdigest(),
+                       captured_by=s.item.captured_by, chunk_count=n, pages=doc.pages, lang=doc.lang,
+                       chunks=chunks, keep=keep, file=file)
 
 
 def _recipe(kb: KnowledgeBase) -> str:
@@ -1000,44 +1045,17 @@ def _recipe(kb: KnowledgeBase) -> str:
             f"{TEXT_SEGMENT_CHARS}")
 
 
-def _delete_stale(db: sqlite3.Connection, s: _Source, n: int) -> list[tuple[str, int]]:
-    """Chunks past the new end, and those whose new text failed to embed."""
-    stale = [(cid, vector_key(cid)) for idx, (cid, _h, _ok) in s.before.items()
-             if idx >= n or idx in s.failures]
-    db.executemany("DELETE FROM chunks WHERE id = ?", [(cid,) for cid, _k in stale])
-    return stale
-
-
 def _unchanged(kb: KnowledgeBase, s: _Source) -> bool:
     """Nothing to write: every passage kept, none past the end, the same content hash."""
     if s.vectors or s.failures or len(s.before) != len(s.hashes):
         return False
-    row = kb.catalog.db.execute("SELECT content_hash, chunk_count FROM sources WHERE id = ?",
-                                (s.sid,)).fetchone()
+    row = kb.source_state(s.sid)
     same = row is not None and row[0] == s.digest.hexdigest() and row[1] == len(s.hashes)
     if same and s.fingerprint is not None and s.fingerprint.sha256 and s.item.path is not None:
-        with kb.store.lock.hold(), kb.catalog.tx() as db:
-            fp = s.fingerprint
-            staging.save_fingerprint(db, s.sid, kb.id, str(s.item.path), size=fp.size, mtime_ns=fp.mtime_ns,
-                                     sha256=fp.sha256, recipe=_recipe(kb))
+        fp = s.fingerprint
+        kb.save_file_state(s.sid, FileFingerprint(str(s.item.path), fp.size, fp.mtime_ns, fp.sha256,
+                                                  _recipe(kb)))
     return same
-
-
-def _vectors_by_hash(kb: KnowledgeBase, hashes: list[str]) -> dict[str, np.ndarray]:
-    """Stored, valid vectors of passages with these text hashes (an identical passage elsewhere)."""
-    from localkb.store.catalog import blob_vector
-
-    out: dict[str, np.ndarray] = {}
-    uniq = list(dict.fromkeys(hashes))
-    db = kb.catalog.db
-    for start in range(0, len(uniq), 500):
-        part = uniq[start : start + 500]
-        marks = ",".join("?" * len(part))
-        for h, blob in db.execute(f"SELECT text_hash, vector FROM chunks WHERE kb_id = ? "  # noqa: S608
-                                  f"AND text_hash IN ({marks})", [kb.id, *part]):
-            if h not in out and valid_vector(blob, kb.record.dim):
-                out[h] = blob_vector(blob).copy()
-    return out
 
 
 def _count(kb: KnowledgeBase, s: _Source) -> SourceReport:
@@ -1045,11 +1063,10 @@ def _count(kb: KnowledgeBase, s: _Source) -> SourceReport:
     n = len(s.hashes)
     rep = SourceReport(name=s.name, status="", source_id=s.sid, title=s.doc.title, url=s.doc.url, total=n)
     seen: set[int] = set()
-    for idx, h, blob in kb.catalog.db.execute(
-            "SELECT idx, text_hash, vector FROM chunks WHERE source_id = ?", (s.sid,)):
+    for idx, (_cid, h, ok) in kb.stored_passages(s.sid).items():
         if idx >= n:
             continue
-        if h != s.hashes[idx] or not valid_vector(blob, kb.record.dim):
+        if h != s.hashes[idx] or not ok:
             continue
         seen.add(idx)
         before = s.before.get(idx)
@@ -1068,16 +1085,14 @@ def _count(kb: KnowledgeBase, s: _Source) -> SourceReport:
     rep.removed = sum(1 for idx in s.before if idx >= n or idx in s.failures)
     settle_status(rep, new=not s.before)
     if rep.failed:
-        kb.catalog.log_error("ingest", "nothing_written" if rep.status == "failed" else "partial_write",
-                             f"{s.name}: {rep.summary}", kb_id=kb.id, ref=s.sid,
-                             detail={"failures": rep.failures[:50]})
+        kb.log_error("ingest", "nothing_written" if rep.status == "failed" else "partial_write",
+                     f"{s.name}: {rep.summary}", ref=s.sid, detail={"failures": rep.failures[:50]})
     return rep
 
 
 def settle_status(rep: SourceReport, *, new: bool) -> None:
     """A source report's status from its row counts: failed, partial, added, updated or unchanged.
 
-    Both writers use it (this pipeline and ``ingest.seam``'s over any store).
     """
     if rep.failed == rep.total:
         rep.status = "failed"
@@ -1099,9 +1114,7 @@ def _run(kb: KnowledgeBase, items: list[_Item], *, progress: Progress | None,
          check_cancelled: CancelCheck | None, batch_tokens: int = BATCH_TOKENS,
          max_bytes: int | None = None, report: IngestReport | None = None) -> IngestReport:
     """Run the reader and the writer over ``items``; an interrupt returns what was kept."""
-    # Catch the derived indexes up first: a kill between an earlier commit and its index save
-    # is repaired by the next add, even one that finds every source unchanged.
-    kb.indexes()
+    kb.before_ingest()  # the local store catches its derived indexes up (a kill after a commit)
     job = _Job(kb, progress=progress, check_cancelled=check_cancelled, batch_tokens=batch_tokens,
                max_bytes=kb.store.settings.max_source_bytes if max_bytes is None else max_bytes)
     if report is not None:
@@ -1124,12 +1137,14 @@ def _run(kb: KnowledgeBase, items: list[_Item], *, progress: Progress | None,
                 job.timings["wait_s"] += time.perf_counter() - t0
             if msg[0] == "done":
                 writer.flush()
+                writer.committer.drain()
                 break
             writer.take(msg)
     except Cancelled:
         job.report.interrupted = True
     finally:
         reader.stop.set()
+        writer.committer.close()  # a write in flight lands (and is reported) before the job ends
         reader.join(timeout=30)
         job.locks.release_all()
         job.report.elapsed_s = job.progress.elapsed()
@@ -1137,9 +1152,10 @@ def _run(kb: KnowledgeBase, items: list[_Item], *, progress: Progress | None,
         job.report.passages = job.progress.passages
         job.report.timings = {**{k: round(v, 2) for k, v in job.timings.items()},
                               "model": dict(job.model_work)}
+    writer.committer.check()
     if job.report.interrupted:
         job.report.pending = [i.name for i in items if id(i) not in job._done_items]
-        with_staged = staging.staged_sources(kb.catalog.db, kb.id)
+        with_staged = kb.staged_sources()
         names = {source_id(kb.id, _file_key(i.path)): i.name for i in items if i.path is not None}
         job.report.staged = {names.get(sid, sid): n for sid, n in with_staged.items()}
     return job.report
@@ -1275,7 +1291,7 @@ def add_paths(kb: KnowledgeBase, items: Iterable[str], *, captured_by: str = "cl
 
 
 def _failed(kb: KnowledgeBase, name: str, err: LocalKBError) -> SourceReport:
-    kb.catalog.log_error("ingest", err.code, f"{name}: {err}", kb_id=kb.id, ref=name)
+    kb.log_error("ingest", err.code, f"{name}: {err}", ref=name)
     return SourceReport(name=name, status="failed", error={"code": err.code, "message": str(err)})
 
 
@@ -1362,19 +1378,7 @@ def add_capture(kb: KnowledgeBase, *, url: str | None, title: str | None = None,
 def find_sources(kb: KnowledgeBase, ref: str) -> list[dict]:
     """Sources that ``ref`` names: an id, a URL, a path (as given or resolved), a file name or a
     title (case-insensitive), or the end of a stored path (``library/os.html``)."""
-    db = kb.catalog.db
-    resolved = "file:" + str(Path(ref).expanduser().resolve())
-    exact = db.execute(
-        "SELECT id, title, url, file_name, key FROM sources WHERE kb_id = ? AND "
-        "(id = ? OR key = ? OR url = ? OR key = ?)", (kb.id, ref, ref, ref, resolved)).fetchall()
-    if exact:
-        return [dict(r) for r in exact]
-    tail = "%/" + ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_").lstrip("/")
-    rows = db.execute(
-        "SELECT id, title, url, file_name, key FROM sources WHERE kb_id = ? AND "
-        "(file_name = ? COLLATE NOCASE OR title = ? COLLATE NOCASE OR key LIKE ? ESCAPE '\\')",
-        (kb.id, ref, ref, tail)).fetchall()
-    return [dict(r) for r in rows]
+    return kb.find_sources(ref)
 
 
 def remove_source(kb: KnowledgeBase, ref: str) -> dict:
@@ -1389,18 +1393,7 @@ def remove_source(kb: KnowledgeBase, ref: str) -> dict:
         raise AmbiguousReference(
             f"{len(found)} sources in {kb.record.name!r} match {ref!r}: {listed}{more}; "
             "give the id or the full path", detail={"matches": [r["id"] for r in found]})
-    sid, title = found[0]["id"], found[0]["title"]
-    removed: list[tuple[str, int]] = []
-
-    def mutate(db: sqlite3.Connection) -> Change:
-        ids = [(r[0], r[1]) for r in db.execute("SELECT id, vkey FROM chunks WHERE source_id = ?", (sid,))]
-        removed.extend(ids)
-        db.execute("DELETE FROM chunks WHERE source_id = ?", (sid,))
-        db.execute("DELETE FROM sources WHERE id = ?", (sid,))
-        return Change(deleted=ids)
-
-    kb.write(mutate)
-    return {"source_id": sid, "title": title, "removed_chunks": len(removed)}
+    return kb.remove_source(found[0]["id"])
 
 
 def _where(row: dict) -> str:
@@ -1408,40 +1401,13 @@ def _where(row: dict) -> str:
     return row.get("url") or (key[5:] if key.startswith("file:") else row.get("file_name") or key)
 
 
-SORTS = {"title": "s.title COLLATE NOCASE, s.id", "added": "s.added_at, s.id",
-         "updated": "s.updated_at DESC, s.id"}
-
-
 def list_sources(kb: KnowledgeBase, *, offset: int = 0, limit: int | None = 100,
                  sort: str = "title") -> tuple[list[dict], int]:
     """A page of the sources (sorted by title, or ``added`` / ``updated``) and how many there are."""
     rows = list(iter_sources(kb, offset=offset, limit=limit, sort=sort))
-    total = kb.catalog.db.execute("SELECT COUNT(*) FROM sources WHERE kb_id = ?", (kb.id,)).fetchone()[0]
-    return rows, total
+    return rows, kb.source_total()
 
 
 def iter_sources(kb: KnowledgeBase, *, offset: int = 0, limit: int | None = None, sort: str = "title"):
     """Sources one by one, read in pages (``--json`` streams them)."""
-    if sort not in SORTS:
-        raise InvalidInput(f"sort must be one of {', '.join(SORTS)}")
-    db = kb.catalog.db
-    page = 500
-    left = limit
-    while left is None or left > 0:
-        n = page if left is None else min(page, left)
-        order = SORTS[sort]  # one of the fixed ORDER BY clauses above
-        sql = ("SELECT s.*, (SELECT COUNT(*) FROM chunks c WHERE c.source_id = s.id) AS stored "  # noqa: S608
-               f"FROM sources s WHERE kb_id = ? ORDER BY {order} LIMIT ? OFFSET ?")
-        rows = db.execute(sql, (kb.id, n, offset)).fetchall()
-        for r in rows:
-            key = r["key"]
-            yield {"id": r["id"], "title": r["title"], "url": r["url"], "file_name": r["file_name"],
-                   "path": key[5:] if key.startswith("file:") else None,
-                   "type": r["type"], "chunks": r["stored"], "chunk_count": r["chunk_count"],
-                   "pages": r["pages"], "captured_by": r["captured_by"], "added_at": r["added_at"],
-                   "updated_at": r["updated_at"]}
-        if len(rows) < n:
-            return
-        offset += len(rows)
-        if left is not None:
-            left -= len(rows)
+    return kb.iter_sources(offset=offset, limit=limit, sort=sort)

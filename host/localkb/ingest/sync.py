@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from localkb.errors import InvalidInput
-from localkb.ingest import staging
 from localkb.ingest.pipeline import CancelCheck, IngestReport, Progress, add_paths
+from localkb.store import ingest_staging as staging
 from localkb.store.kb import Change, KnowledgeBase
 
 #: Quiet time after the last change before a watch syncs (watchfiles' debounce), in ms.

@@ -209,14 +209,9 @@ def run_eval(path: str | Path, *, modes: Sequence[str] = ("vector", "keyword", "
                 else:
                     store.create_kb("eval", model=model)
                 kb = store.open_kb("eval")
-                if given is None:
-                    reports = ingest_documents(kb, jobs, captured_by="api", progress=progress,
-                                               batch_tokens=262_144)
-                else:  # another store of the seam: its writer (ingest.seam), the same passages
-                    from localkb.ingest.seam import ingest_documents as ingest_through_seam
-
-                    reports = ingest_through_seam(kb, jobs, captured_by="api", progress=progress,
-                                                  batch_tokens=262_144)
+                # Either store of the seam: the one pipeline, the same passages.
+                reports = ingest_documents(kb, jobs, captured_by="api", progress=progress,
+                                           batch_tokens=262_144)
                 failed = [r.name for r in reports if r.status == "failed"]
                 sid_to_doc = {r.source_id: r.name for r in reports if r.source_id}
             index_s = time.perf_counter() - t0

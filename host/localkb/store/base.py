@@ -7,10 +7,34 @@ the ingest pipeline and its honest reports, the search statuses, floor, fusion a
 per-source results, the chat turn, the ``.awkb`` format — is one copy of code that runs
 on either.
 
+Ingestion (``ingest.pipeline``, the one pipeline for both stores) asks a handle for:
+
+- ``item_locks()``: per-source locks that ``acquire`` without waiting (False: another
+  job, in this or another process or server, works on that source), so two adds of one
+  source never embed it twice; locally striped file locks, on PostgreSQL session advisory
+  locks;
+- what is stored: ``source_state`` (content hash, chunk count), ``stored_passages``
+  (idx -> chunk id, text hash, whether its vector is valid: what a re-add keeps),
+  ``vectors_by_text_hash`` (vectors of identical passages anywhere in the knowledge base,
+  copied instead of embedded), ``file_state`` (a file's size, mtime, sha256 and the recipe
+  its passages were made with: an unchanged file is known from a stat);
+- small sources: ``write_sources``, many whole sources in one transaction, each returning
+  what it held before (the report is counted from ``stored_passages`` afterwards);
+- big sources (more passages than one write batch): ``stage_passages`` commits one batch
+  out of sight, ``staged_passages`` tells a resumed run what an interrupted one staged,
+  ``publish_staged`` is the one transaction that makes the staged version visible (the old
+  version whole until then), ``unstage`` drops staged rows, ``staged_sources`` lists what
+  waits for the next run;
+- ``log_skip``: a skipped file is logged once, not on every re-add.
+
     KnowledgeStore            kbs, resolve, record, create/update/delete, open_kb, generation,
                               counts, passage_window, log_error, log_query
       open_kb -> KnowledgeBaseHandle
-                              ingestion: source_state, existing_chunks, write_sources
+                              ingestion: before_ingest, item_locks, source_state, stored_passages,
+                                         vectors_by_text_hash, file_state, save_file_state,
+                                         write_sources, log_skip; big sources staged:
+                                         staged_passages, stage_passages, unstage,
+                                         publish_staged, staged_sources
                               sources:   list_sources, remove_source
                               search:    legs() -> Legs (vector, keyword, rows, and the
                                          keyword lookups of exact terms: doc_count,
@@ -23,7 +47,7 @@ on either.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -90,10 +114,89 @@ class SourceWrite:
     lang: str | None
     chunks: list[ChunkWrite] = field(default_factory=list)
     keep: set[str] = field(default_factory=set)
+    #: A file source's fingerprint, saved in the same transaction.
+    file: FileFingerprint | None = None
 
 
-#: chunk id -> (text hash, whether its stored vector is valid), as ingestion compares them.
-Existing = dict[str, tuple[str, bool]]
+def source_listing(r: Any, stored: int) -> dict:
+    """A source row as ``iter_sources`` yields it (both stores; the team adds access and author)."""
+    key = r["key"]
+    return {"id": r["id"], "title": r["title"], "url": r["url"], "file_name": r["file_name"],
+            "path": key[5:] if key.startswith("file:") else None, "type": r["type"], "chunks": stored,
+            "chunk_count": r["chunk_count"], "pages": r["pages"], "captured_by": r["captured_by"],
+            "added_at": r["added_at"], "updated_at": r["updated_at"]}
+
+
+def paged(fetch: Callable[[int, int], list], offset: int, limit: int | None, page: int = 500) -> Iterator:
+    """Rows from ``fetch(count, offset)`` a page at a time, ``limit`` in all (None: every row)."""
+    left = limit
+    while left is None or left > 0:
+        n = page if left is None else min(page, left)
+        rows = fetch(n, offset)
+        yield from rows
+        if len(rows) < n:
+            return
+        offset += len(rows)
+        if left is not None:
+            left -= len(rows)
+
+
+class ItemLocks(ABC):
+    """Non-blocking locks on sources, held by one ingest job (across threads, processes, servers)."""
+
+    @abstractmethod
+    def acquire(self, key: str) -> bool:
+        """Take ``key`` if no other job holds it; False (at once) if one does."""
+
+    @abstractmethod
+    def release(self, key: str) -> None: ...
+
+    @abstractmethod
+    def release_all(self) -> None:
+        """Release everything this job holds (at its end, however it ends)."""
+
+
+@dataclass
+class FileFingerprint:
+    """A file source as it was read: what tells an unchanged file from a stat (or its hash)."""
+
+    path: str
+    size: int
+    mtime_ns: int
+    sha256: str
+    recipe: str  # chunker version, passage sizes, model: passages made another way are not kept
+
+
+@dataclass
+class FileState:
+    """A stored file source's fingerprint, with its source's title, URL and passage counts."""
+
+    size: int
+    mtime_ns: int
+    sha256: str
+    recipe: str
+    title: str
+    url: str | None
+    chunk_count: int
+    stored: int
+
+
+@dataclass
+class StagedPassage:
+    """One passage of a big source, embedded and staged until its source is published."""
+
+    idx: int
+    id: str
+    text: str
+    text_hash: str
+    page: int | None
+    tokens: int
+    vector: np.ndarray
+
+
+#: idx -> (chunk id, text hash, whether its stored vector is valid): a source's passages as
+#: ingestion compares them.
+Stored = dict[int, tuple[str, str, bool]]
 
 
 @dataclass
@@ -172,18 +275,78 @@ class KnowledgeBaseHandle(ABC):
     def id(self) -> str:
         return self.record.id
 
-    # -- ingestion -------------------------------------------------------------------
+    # -- ingestion (ingest/pipeline.py) ----------------------------------------------------
+    def before_ingest(self) -> None:
+        """Whatever the store does before a job reads what is stored (catch derived indexes up)."""
+        return
+
+    @abstractmethod
+    def item_locks(self) -> ItemLocks:
+        """A fresh set of per-source locks for one job."""
+
     @abstractmethod
     def source_state(self, sid: str) -> tuple[str, int] | None:
         """(content hash, chunk count) of a stored source, or None."""
 
     @abstractmethod
-    def existing_chunks(self, sid: str) -> Existing:
-        """The stored passages of a source, by chunk id."""
+    def stored_passages(self, sid: str) -> Stored:
+        """The stored passages of a source, by idx."""
 
     @abstractmethod
-    def write_sources(self, writes: Sequence[SourceWrite]) -> dict[str, Existing]:
-        """Write the sources in one transaction; return each one's passages as they were before."""
+    def vectors_by_text_hash(self, hashes: Sequence[str]) -> dict[str, np.ndarray]:
+        """A stored, valid vector for each of ``hashes`` some passage of this knowledge base has."""
+
+    @abstractmethod
+    def file_state(self, sid: str) -> FileState | None:
+        """The fingerprint of a stored file source, None if it has none (or is not stored)."""
+
+    @abstractmethod
+    def save_file_state(self, sid: str, fp: FileFingerprint) -> None:
+        """Remember a file's new fingerprint (a touched, unchanged file: the next add is a stat)."""
+
+    @abstractmethod
+    def write_sources(self, writes: Sequence[SourceWrite]) -> dict[str, Stored]:
+        """Write the sources in one transaction; return each one's passages as they were before.
+
+        Each source's row is upserted (its first ``added_at`` kept), its ``chunks`` upserted,
+        and its stored passages whose id is not in ``keep`` deleted.
+        """
+
+    @abstractmethod
+    def staged_passages(self, sid: str, model: str) -> dict[int, str]:
+        """idx -> text hash of what an earlier run staged for ``sid`` (other models' rows dropped)."""
+
+    @abstractmethod
+    def stage_passages(self, sid: str, model: str, rows: Sequence[StagedPassage]) -> None:
+        """Commit one batch of a big source's passages to staging, in its own transaction."""
+
+    @abstractmethod
+    def unstage(self, sid: str, idxs: Sequence[int] | None = None) -> None:
+        """Drop a source's staged rows (all, or those at ``idxs``)."""
+
+    @abstractmethod
+    def publish_staged(self, write: SourceWrite) -> Stored:
+        """One transaction: the source row, every staged passage of it below ``chunk_count`` into
+        the knowledge base (``indexed_by`` = ``captured_by``), stored ones not in ``keep``
+        deleted, staging emptied; returns what the source held before."""
+
+    @abstractmethod
+    def staged_sources(self) -> dict[str, int]:
+        """source id -> staged passages, of the sources with a staged version waiting."""
+
+    @abstractmethod
+    def log_skip(self, ref: str, reason: str) -> None:
+        """Log a skipped file, unless its last skip was logged with the same reason."""
+
+    @abstractmethod
+    def find_sources(self, ref: str) -> list[dict]:
+        """``{id, title, url, file_name, key}`` of the sources ``ref`` names: an id, a URL, a path
+        (as given or resolved), a file name or a title (case-insensitive), or a path's end."""
+
+    @abstractmethod
+    def iter_sources(self, *, offset: int = 0, limit: int | None = None,
+                     sort: str = "title") -> Iterator[dict]:
+        """The sources one by one (by ``title``, ``added`` or ``updated``), read in pages."""
 
     @abstractmethod
     def remove_source(self, ref: str) -> dict:
@@ -192,6 +355,10 @@ class KnowledgeBaseHandle(ABC):
     @abstractmethod
     def list_sources(self, *, offset: int = 0, limit: int = 100) -> tuple[list[dict], int]:
         """A page of the sources, oldest first, with their stored passage counts."""
+
+    @abstractmethod
+    def source_total(self) -> int:
+        """How many sources there are (that the caller may see)."""
 
     # -- search ----------------------------------------------------------------------
     @abstractmethod

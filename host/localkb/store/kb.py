@@ -36,18 +36,25 @@ from localkb.errors import (
     StoreError,
 )
 from localkb.ingest.chunk import passage_text
-from localkb.locks import FileLock
+from localkb.locks import FileLock, StripedLocks
 from localkb.perms import private_dir, tighten
 from localkb.staging import Staging
+from localkb.store import ingest_staging
 from localkb.store import keyword_engine as keyword_engine_mod
 from localkb.store.base import (
-    Existing,
+    FileFingerprint,
+    FileState,
+    ItemLocks,
     KnowledgeBaseHandle,
     KnowledgeStore,
     Legs,
     PassageRow,
     Snapshot,
     SourceWrite,
+    StagedPassage,
+    Stored,
+    paged,
+    source_listing,
 )
 from localkb.store.catalog import (
     UPSERT_SOURCE,
@@ -66,6 +73,15 @@ from localkb.store.vectors import VectorHits, VectorIndex, remove_index
 from localkb.strings import clean_name, string_problem
 
 PRIVACY = ("device", "cloud")
+#: The orders sources are listed in (fixed ORDER BY clauses).
+SOURCE_SORTS = {"title": "s.title COLLATE NOCASE, s.id", "added": "s.added_at, s.id",
+                "updated": "s.updated_at DESC, s.id"}
+_UPSERT_CHUNK = (
+    "INSERT INTO chunks (id, vkey, kb_id, source_id, idx, text, text_hash, page, tokens, vector, "
+    "indexed_by, indexed_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET "
+    "text=excluded.text, text_hash=excluded.text_hash, page=excluded.page, tokens=excluded.tokens, "
+    "vector=excluded.vector, indexed_by=excluded.indexed_by, indexed_at=excluded.indexed_at")
+ItemLocks.register(StripedLocks)
 #: Chunks read at a time when the derived indexes catch up with a write, and per keyword commit.
 APPLY_SLICE = 2048
 APPLY_COMMIT = 8192
@@ -516,50 +532,158 @@ class KnowledgeBase(KnowledgeBaseHandle):
             return gen
 
     # -- the store seam: ingestion ----------------------------------------------
+    def before_ingest(self) -> None:
+        """Create ingest's tables once, and catch the derived indexes up: a kill between an
+        earlier commit and its index save is repaired by the next add, even one that finds
+        every source unchanged."""
+        ingest_staging.ensure_tables(self.store)
+        self.indexes()
+
+    def item_locks(self) -> ItemLocks:
+        return StripedLocks(self.store.root / "locks" / "sources")
+
     def source_state(self, sid: str) -> tuple[str, int] | None:
         row = self.catalog.db.execute("SELECT content_hash, chunk_count FROM sources WHERE id = ?",
                                       (sid,)).fetchone()
         return (row["content_hash"], row["chunk_count"]) if row else None
 
-    def existing_chunks(self, sid: str, db: sqlite3.Connection | None = None) -> Existing:
+    def stored_passages(self, sid: str, db: sqlite3.Connection | None = None) -> Stored:
         db = db or self.catalog.db
-        return {r[0]: (r[1], valid_vector(r[2], self.record.dim))
-                for r in db.execute("SELECT id, text_hash, vector FROM chunks WHERE source_id = ?",
+        dim = self.record.dim
+        return {r[0]: (r[1], r[2], valid_vector(r[3], dim))
+                for r in db.execute("SELECT idx, id, text_hash, vector FROM chunks WHERE source_id = ?",
                                     (sid,))}
 
-    def write_sources(self, writes: Sequence[SourceWrite]) -> dict[str, Existing]:
+    def vectors_by_text_hash(self, hashes: Sequence[str]) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        uniq = list(dict.fromkeys(hashes))
+        db = self.catalog.db
+        for start in range(0, len(uniq), 500):
+            part = uniq[start : start + 500]
+            marks = ",".join("?" * len(part))
+            for h, blob in db.execute(f"SELECT text_hash, vector FROM chunks WHERE kb_id = ? "
+                                      f"AND text_hash IN ({marks})", [self.id, *part]):
+                if h not in out and valid_vector(blob, self.record.dim):
+                    out[h] = blob_vector(blob).copy()
+        return out
+
+    def file_state(self, sid: str) -> FileState | None:
+        row = ingest_staging.stored_fingerprint(self.catalog.db, sid)
+        if row is None:
+            return None
+        return FileState(size=row["size"], mtime_ns=row["mtime_ns"], sha256=row["sha256"],
+                         recipe=row["recipe"], title=row["title"], url=row["url"],
+                         chunk_count=row["chunk_count"], stored=row["stored"])
+
+    def save_file_state(self, sid: str, fp: FileFingerprint) -> None:
+        with self.store.lock.hold(), self.catalog.tx() as db:
+            ingest_staging.save_fingerprint(db, sid, self.id, fp)
+
+    def _upsert_source(self, db: sqlite3.Connection, w: SourceWrite, now: float) -> None:
+        row = db.execute("SELECT added_at FROM sources WHERE id = ?", (w.id,)).fetchone()
+        db.execute(
+            UPSERT_SOURCE,
+            (w.id, self.id, w.key, w.type, w.title, w.url, w.file_name, w.content_hash,
+             w.captured_by, w.chunk_count, w.pages, w.lang, row["added_at"] if row else now, now))
+        if w.file is not None:
+            ingest_staging.save_fingerprint(db, w.id, self.id, w.file)
+
+    def _delete_unkept(self, db: sqlite3.Connection, before: Stored, keep: set[str]) -> list[tuple[str, int]]:
+        stale = [(cid, vector_key(cid)) for cid, _h, _ok in before.values() if cid not in keep]
+        db.executemany("DELETE FROM chunks WHERE id = ?", [(cid,) for cid, _k in stale])
+        return stale
+
+    def write_sources(self, writes: Sequence[SourceWrite]) -> dict[str, Stored]:
         """One catalogue transaction for all of ``writes``: each source lands whole or not at all."""
         now = time.time()
-        befores: dict[str, Existing] = {}
+        befores: dict[str, Stored] = {}
 
         def mutate(db: sqlite3.Connection) -> Change:
             change = Change()
             for w in writes:
-                befores[w.id] = self.existing_chunks(w.id, db)
-                row = db.execute("SELECT added_at FROM sources WHERE id = ?", (w.id,)).fetchone()
-                db.execute(
-                    UPSERT_SOURCE,
-                    (w.id, self.id, w.key, w.type, w.title, w.url, w.file_name, w.content_hash,
-                     w.captured_by, w.chunk_count, w.pages, w.lang,
-                     row["added_at"] if row else now, now))
+                befores[w.id] = self.stored_passages(w.id, db)
+                self._upsert_source(db, w, now)
+                rows = []
                 for c in w.chunks:
-                    db.execute(
-                        "INSERT INTO chunks (id, vkey, kb_id, source_id, idx, text, text_hash, page, "
-                        "tokens, vector, indexed_by, indexed_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?) "
-                        "ON CONFLICT(id) DO UPDATE SET text=excluded.text, "
-                        "text_hash=excluded.text_hash, page=excluded.page, tokens=excluded.tokens, "
-                        "vector=excluded.vector, indexed_by=excluded.indexed_by, "
-                        "indexed_at=excluded.indexed_at",
-                        (c.id, vector_key(c.id), self.id, w.id, c.idx, c.text, c.text_hash, c.page,
-                         c.tokens, vector_blob(c.vector), c.indexed_by, now))
-                    change.upserted.append((c.id, vector_key(c.id)))
-                stale = [cid for cid in befores[w.id] if cid not in w.keep]
-                db.executemany("DELETE FROM chunks WHERE id = ?", [(cid,) for cid in stale])
-                change.deleted.extend((cid, vector_key(cid)) for cid in stale)
+                    key = vector_key(c.id)
+                    rows.append((c.id, key, self.id, w.id, c.idx, c.text, c.text_hash, c.page,
+                                 c.tokens, vector_blob(c.vector), c.indexed_by, now))
+                    change.upserted.append((c.id, key))
+                db.executemany(_UPSERT_CHUNK, rows)
+                change.deleted.extend(self._delete_unkept(db, befores[w.id], w.keep))
             return change
 
         self.write(mutate)
         return befores
+
+    def staged_passages(self, sid: str, model: str) -> dict[int, str]:
+        return ingest_staging.staged_hashes(self.catalog.db, sid, model)
+
+    def stage_passages(self, sid: str, model: str, rows: Sequence[StagedPassage]) -> None:
+        ingest_staging.stage_rows(self.catalog, [
+            (self.id, sid, r.idx, r.id, vector_key(r.id), model, r.text, r.text_hash, r.page, r.tokens,
+             vector_blob(r.vector)) for r in rows])
+
+    def unstage(self, sid: str, idxs: Sequence[int] | None = None) -> None:
+        with self.catalog.tx() as db:
+            ingest_staging.unstage(db, sid, idxs)
+
+    def publish_staged(self, write: SourceWrite) -> Stored:
+        now = time.time()
+        before: Stored = {}
+
+        def mutate(db: sqlite3.Connection) -> Change:
+            before.update(self.stored_passages(write.id, db))
+            self._upsert_source(db, write, now)
+            change = Change()
+            change.upserted.extend(ingest_staging.move_staged(db, write.id, write.chunk_count,
+                                                              write.captured_by))
+            change.deleted.extend(self._delete_unkept(db, before, write.keep))
+            return change
+
+        self.write(mutate)
+        return before
+
+    def staged_sources(self) -> dict[str, int]:
+        return ingest_staging.staged_sources(self.catalog.db, self.id)
+
+    def log_skip(self, ref: str, reason: str) -> None:
+        last = self.catalog.db.execute(
+            "SELECT message FROM errors WHERE kb_id = ? AND ref = ? AND code = 'skipped' "
+            "ORDER BY id DESC LIMIT 1", (self.id, ref)).fetchone()
+        message = f"{ref}: skipped: {reason}"
+        if last is None or last[0] != message:
+            self.catalog.log_error("ingest", "skipped", message, kb_id=self.id, ref=ref)
+
+    def find_sources(self, ref: str) -> list[dict]:
+        db = self.catalog.db
+        resolved = "file:" + str(Path(ref).expanduser().resolve())
+        exact = db.execute(
+            "SELECT id, title, url, file_name, key FROM sources WHERE kb_id = ? AND "
+            "(id = ? OR key = ? OR url = ? OR key = ?)", (self.id, ref, ref, ref, resolved)).fetchall()
+        if exact:
+            return [dict(r) for r in exact]
+        tail = "%/" + ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_").lstrip("/")
+        rows = db.execute(
+            "SELECT id, title, url, file_name, key FROM sources WHERE kb_id = ? AND "
+            "(file_name = ? COLLATE NOCASE OR title = ? COLLATE NOCASE OR key LIKE ? ESCAPE '\\')",
+            (self.id, ref, ref, tail)).fetchall()
+        return [dict(r) for r in rows]
+
+    def iter_sources(self, *, offset: int = 0, limit: int | None = None,
+                     sort: str = "title") -> Iterator[dict]:
+        if sort not in SOURCE_SORTS:
+            raise InvalidInput(f"sort must be one of {', '.join(SOURCE_SORTS)}")
+        order = SOURCE_SORTS[sort]  # one of the fixed ORDER BY clauses
+        sql = ("SELECT s.*, (SELECT COUNT(*) FROM chunks c WHERE c.source_id = s.id) AS stored "
+               f"FROM sources s WHERE kb_id = ? ORDER BY {order} LIMIT ? OFFSET ?")
+        db = self.catalog.db
+        for r in paged(lambda n, at: db.execute(sql, (self.id, n, at)).fetchall(), offset, limit):
+            yield source_listing(r, r["stored"])
+
+    def source_total(self) -> int:
+        return self.catalog.db.execute("SELECT COUNT(*) FROM sources WHERE kb_id = ?",
+                                       (self.id,)).fetchone()[0]
 
     def remove_source(self, ref: str) -> dict:
         row = self.catalog.db.execute(

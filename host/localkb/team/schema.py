@@ -140,6 +140,34 @@ CREATE TABLE meta (
     value text NOT NULL
 );
 """),
+    (5, "ingest: staged passages of big sources, file fingerprints", """
+CREATE TABLE ingest_staging (
+    kb_id text NOT NULL REFERENCES kbs(id) ON DELETE CASCADE,
+    source_id text NOT NULL,
+    idx integer NOT NULL,
+    chunk_id text NOT NULL,
+    model text NOT NULL,
+    text text NOT NULL,
+    text_hash text NOT NULL,
+    page integer,
+    tokens integer NOT NULL,
+    embedding vector NOT NULL,
+    staged_at double precision NOT NULL,
+    PRIMARY KEY (source_id, idx)
+);
+CREATE INDEX ingest_staging_kb ON ingest_staging (kb_id, source_id);
+CREATE TABLE source_files (
+    source_id text PRIMARY KEY REFERENCES sources(id) ON DELETE CASCADE,
+    kb_id text NOT NULL,
+    path text NOT NULL,
+    size bigint NOT NULL,
+    mtime_ns bigint NOT NULL,
+    sha256 text NOT NULL,
+    recipe text NOT NULL
+);
+CREATE INDEX chunks_text_hash ON chunks (kb_id, text_hash);
+CREATE INDEX errors_ref ON errors (kb_id, ref, id);
+"""),
     # Numbered after the issue that added it, so the team server's own later migrations
     # (4, 5, ...) never collide with it; migrations run in this order whatever their numbers.
     (20, "team chat: query log, daily rate counters", """

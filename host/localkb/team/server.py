@@ -274,8 +274,7 @@ class TeamAPI:
         return {"sources": rows, "total": total}
 
     def source_add(self, req: Request, kb: str) -> dict:
-        from localkb.ingest.pipeline import CAPTURED_BY
-        from localkb.ingest.seam import add_capture
+        from localkb.ingest.pipeline import CAPTURED_BY, add_capture
 
         data = req.json()
         access = data.get("access")

@@ -47,13 +47,20 @@ from localkb.errors import (
 from localkb.ingest.chunk import passage_text
 from localkb.store.analysis import analyze
 from localkb.store.base import (
-    Existing,
+    ChunkWrite,
+    FileFingerprint,
+    FileState,
+    ItemLocks,
     KnowledgeBaseHandle,
     KnowledgeStore,
     Legs,
     PassageRow,
     Snapshot,
     SourceWrite,
+    StagedPassage,
+    Stored,
+    paged,
+    source_listing,
 )
 from localkb.store.catalog import KBRecord, chunk_id, source_id, vector_key
 from localkb.store.keywords import KeywordHit
@@ -144,6 +151,75 @@ def reanalyze(conn) -> int:
         conn.execute("INSERT INTO meta VALUES ('keyword_schema', %s) ON CONFLICT (key) "
                      "DO UPDATE SET value = excluded.value", (str(SCHEMA),))
     return done
+
+
+def _array(raw) -> np.ndarray:
+    """A pgvector value as float32 numpy (the adapter gives numpy; a ``Vector`` object has ``to_numpy``)."""
+    return np.asarray(raw.to_numpy() if hasattr(raw, "to_numpy") else raw, dtype=np.float32)
+
+
+class AdvisoryLocks(ItemLocks):
+    """Per-source locks of one ingest job: PostgreSQL session advisory locks on a connection of
+    the job's own (not the pool's), so they hold across transactions and are released when the
+    job ends, or by the server when its connection dies with the process."""
+
+    NAMESPACE = 72190019  # keys are (this, a 32-bit hash of the source key): other locks never meet them
+
+    def __init__(self, url: str) -> None:
+        import threading
+
+        self.url = url
+        self._conn = None
+        self._held: dict[int, int] = {}
+        self._mutex = threading.Lock()
+
+    @staticmethod
+    def _key(key: str) -> int:
+        import hashlib
+
+        return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=4).digest(), "big", signed=True)
+
+    def _connection(self):
+        import psycopg
+
+        from localkb.team.db import mapped
+
+        if self._conn is None or self._conn.closed:
+            try:
+                self._conn = psycopg.connect(self.url, autocommit=True, connect_timeout=15)
+            except psycopg.Error as err:
+                raise mapped(err) from err
+        return self._conn
+
+    def acquire(self, key: str) -> bool:
+        k = self._key(key)
+        with self._mutex:
+            if k in self._held:  # the job's own hold (a key sharing the hash shares it, as stripes do)
+                self._held[k] += 1
+                return True
+            row = self._connection().execute("SELECT pg_try_advisory_lock(%s, %s)",
+                                             (self.NAMESPACE, k)).fetchone()
+            if not row[0]:
+                return False
+            self._held[k] = 1
+            return True
+
+    def release(self, key: str) -> None:
+        k = self._key(key)
+        with self._mutex:
+            if k not in self._held:
+                return
+            self._held[k] -= 1
+            if self._held[k] == 0:
+                del self._held[k]
+                self._conn.execute("SELECT pg_advisory_unlock(%s, %s)", (self.NAMESPACE, k))
+
+    def release_all(self) -> None:
+        with self._mutex:
+            self._held.clear()
+            if self._conn is not None:
+                self._conn.close()  # the session's advisory locks go with it
+                self._conn = None
 
 
 def _record(row: dict) -> KBRecord:
@@ -361,7 +437,13 @@ class TeamKnowledgeBase(KnowledgeBaseHandle):
         if not self.can_write:
             raise Forbidden(f"your roles may read {self.record.name!r} but not write to it")
 
-    # -- ingestion -------------------------------------------------------------------------
+    # -- ingestion (ingest/pipeline.py) -----------------------------------------------------
+    def before_ingest(self) -> None:
+        self.check_writable()  # a reader's add is refused before anything is read or embedded
+
+    def item_locks(self) -> ItemLocks:
+        return AdvisoryLocks(self.db.url)
+
     def source_state(self, sid: str) -> tuple[str, int] | None:
         with self.db.conn() as conn:
             row = conn.execute("SELECT content_hash, chunk_count FROM sources WHERE id = %s "
@@ -369,10 +451,10 @@ class TeamKnowledgeBase(KnowledgeBaseHandle):
                                (sid, self.id, self.level)).fetchone()
         return (row["content_hash"], row["chunk_count"]) if row else None
 
-    def existing_chunks(self, sid: str, conn=None) -> Existing:
-        def read(c) -> Existing:
-            return {r["id"]: (r["text_hash"], bool(r["ok"])) for r in c.execute(
-                "SELECT id, text_hash, (dim = %s AND vector_norm(embedding) > 1e-6) AS ok "
+    def stored_passages(self, sid: str, conn=None) -> Stored:
+        def read(c) -> Stored:
+            return {r["idx"]: (r["id"], r["text_hash"], bool(r["ok"])) for r in c.execute(
+                "SELECT idx, id, text_hash, (dim = %s AND vector_norm(embedding) > 1e-6) AS ok "
                 "FROM chunks WHERE source_id = %s AND kb_id = %s AND access_level <= %s",
                 (self.record.dim, sid, self.id, self.level))}
 
@@ -380,6 +462,44 @@ class TeamKnowledgeBase(KnowledgeBaseHandle):
             return read(conn)
         with self.db.conn() as c:
             return read(c)
+
+    def vectors_by_text_hash(self, hashes: Sequence[str]) -> dict[str, np.ndarray]:
+        uniq = list(dict.fromkeys(hashes))
+        if not uniq:
+            return {}
+        with self.db.conn() as conn:
+            rows = conn.execute(
+                "SELECT DISTINCT ON (text_hash) text_hash, embedding FROM chunks WHERE kb_id = %s "
+                "AND access_level <= %s AND text_hash = ANY(%s) AND dim = %s "
+                "AND vector_norm(embedding) > 1e-6 ORDER BY text_hash, id",
+                (self.id, self.level, uniq, self.record.dim)).fetchall()
+        return {r["text_hash"]: _array(r["embedding"]) for r in rows}
+
+    def file_state(self, sid: str) -> FileState | None:
+        with self.db.conn() as conn:
+            r = conn.execute(
+                "SELECT f.size, f.mtime_ns, f.sha256, f.recipe, s.title, s.url, s.chunk_count, "
+                "(SELECT count(*) FROM chunks c WHERE c.source_id = s.id) AS stored "
+                "FROM sources s JOIN source_files f ON f.source_id = s.id WHERE s.id = %s "
+                "AND s.kb_id = %s AND s.access_level <= %s", (sid, self.id, self.level)).fetchone()
+        if r is None:
+            return None
+        return FileState(size=r["size"], mtime_ns=r["mtime_ns"], sha256=r["sha256"], recipe=r["recipe"],
+                         title=r["title"], url=r["url"], chunk_count=r["chunk_count"], stored=r["stored"])
+
+    def save_file_state(self, sid: str, fp: FileFingerprint) -> None:
+        self.check_writable()
+        with self.db.tx() as conn:
+            self._save_file(conn, sid, fp)
+
+    def _save_file(self, conn, sid: str, fp: FileFingerprint) -> None:
+        conn.execute(
+            "INSERT INTO source_files (source_id, kb_id, path, size, mtime_ns, sha256, recipe) "
+            "SELECT %s, %s, %s, %s, %s, %s, %s WHERE EXISTS (SELECT 1 FROM sources WHERE id = %s "
+            "AND access_level <= %s) ON CONFLICT (source_id) DO UPDATE SET path = excluded.path, "
+            "size = excluded.size, mtime_ns = excluded.mtime_ns, sha256 = excluded.sha256, "
+            "recipe = excluded.recipe",
+            (sid, self.id, fp.path, fp.size, fp.mtime_ns, fp.sha256, fp.recipe, sid, self.level))
 
     def _lock(self, conn) -> int:
         """Serialise this knowledge base's writers (and see the deletion of the knowledge base)."""
@@ -393,55 +513,143 @@ class TeamKnowledgeBase(KnowledgeBaseHandle):
     def _bump(self, conn) -> None:
         conn.execute("UPDATE kbs SET generation = generation + 1 WHERE id = %s", (self.id,))
 
-    def write_sources(self, writes: Sequence[SourceWrite]) -> dict[str, Existing]:
+    def _stored_level(self, conn, sid: str) -> int | None:
+        """The access level of a stored source; Forbidden when it is above the writer's clearance."""
+        row = conn.execute("SELECT access_level FROM sources WHERE id = %s", (sid,)).fetchone()
+        if row is not None and row["access_level"] > self.level:
+            raise Forbidden("you may not overwrite this source: it is above your clearance")
+        return None if row is None else row["access_level"]
+
+    def _upsert_source(self, conn, w: SourceWrite, now: float) -> int:
+        """The source row (its first ``added_at`` kept) at the level it gets; returns that level."""
+        row = conn.execute("SELECT access_level, added_at FROM sources WHERE id = %s", (w.id,)).fetchone()
+        if row is not None and row["access_level"] > self.level:
+            raise Forbidden("you may not overwrite this source: it is above your clearance")
+        level = (self.write_level if self.write_level is not None
+                 else row["access_level"] if row is not None else self._default_access)
+        if level > self.level:
+            raise Forbidden(f"new sources of {self.record.name!r} are "
+                            f"{LEVELS[level]}, above your clearance")
+        conn.execute(
+            "INSERT INTO sources (id, kb_id, key, type, title, url, file_name, content_hash, "
+            "captured_by, chunk_count, pages, lang, added_at, updated_at, access_level, added_by) "
+            "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) ON CONFLICT (id) DO UPDATE SET "
+            "type = excluded.type, title = excluded.title, url = excluded.url, "
+            "file_name = excluded.file_name, content_hash = excluded.content_hash, "
+            "captured_by = excluded.captured_by, chunk_count = excluded.chunk_count, "
+            "pages = excluded.pages, lang = excluded.lang, updated_at = excluded.updated_at, "
+            "access_level = excluded.access_level",
+            (w.id, self.id, w.key, w.type, w.title, w.url, w.file_name, w.content_hash,
+             w.captured_by, w.chunk_count, w.pages, w.lang,
+             row["added_at"] if row else now, now, level, self.store.access.user))
+        if row is not None and row["access_level"] != level:
+            conn.execute("UPDATE chunks SET access_level = %s WHERE source_id = %s", (level, w.id))
+        if w.file is not None:
+            self._save_file(conn, w.id, w.file)
+        return level
+
+    @staticmethod
+    def _delete_unkept(conn, before: Stored, keep: set[str]) -> None:
+        stale = [cid for cid, _h, _ok in before.values() if cid not in keep]
+        if stale:
+            conn.execute("DELETE FROM chunks WHERE id = ANY(%s)", (stale,))
+
+    def write_sources(self, writes: Sequence[SourceWrite]) -> dict[str, Stored]:
         self.check_writable()
-        befores: dict[str, Existing] = {}
+        befores: dict[str, Stored] = {}
         now = time.time()
         with self.db.tx() as conn:
             self._lock(conn)
-            changed = False
             for w in writes:
-                row = conn.execute("SELECT access_level, added_at FROM sources WHERE id = %s",
-                                   (w.id,)).fetchone()
-                if row is not None and row["access_level"] > self.level:
-                    raise Forbidden("you may not overwrite this source: it is above your clearance")
-                level = (self.write_level if self.write_level is not None
-                         else row["access_level"] if row is not None else self._default_access)
-                if level > self.level:
-                    raise Forbidden(f"new sources of {self.record.name!r} are "
-                                    f"{LEVELS[level]}, above your clearance")
-                befores[w.id] = self.existing_chunks(w.id, conn)
-                conn.execute(
-                    "INSERT INTO sources (id, kb_id, key, type, title, url, file_name, content_hash, "
-                    "captured_by, chunk_count, pages, lang, added_at, updated_at, access_level, added_by) "
-                    "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) ON CONFLICT (id) DO UPDATE SET "
-                    "type = excluded.type, title = excluded.title, url = excluded.url, "
-                    "file_name = excluded.file_name, content_hash = excluded.content_hash, "
-                    "captured_by = excluded.captured_by, chunk_count = excluded.chunk_count, "
-                    "pages = excluded.pages, lang = excluded.lang, updated_at = excluded.updated_at, "
-                    "access_level = excluded.access_level",
-                    (w.id, self.id, w.key, w.type, w.title, w.url, w.file_name, w.content_hash,
-                     w.captured_by, w.chunk_count, w.pages, w.lang,
-                     row["added_at"] if row else now, now, level, self.store.access.user))
-                if row is not None and row["access_level"] != level:
-                    conn.execute("UPDATE chunks SET access_level = %s WHERE source_id = %s",
-                                 (level, w.id))
+                befores[w.id] = self.stored_passages(w.id, conn)
+                level = self._upsert_source(conn, w, now)
                 self._upsert_chunks(conn, w.id, w.title, level, w.chunks, now=now)
-                stale = [cid for cid in befores[w.id] if cid not in w.keep]
-                if stale:
-                    conn.execute("DELETE FROM chunks WHERE id = ANY(%s)", (stale,))
-                changed = True
-            if changed:
+                self._delete_unkept(conn, befores[w.id], w.keep)
+            if writes:
                 self._bump(conn)
         return befores
+
+    def staged_passages(self, sid: str, model: str) -> dict[int, str]:
+        with self.db.tx() as conn:
+            if conn.execute("SELECT 1 FROM sources WHERE id = %s AND access_level > %s",
+                            (sid, self.level)).fetchone():
+                return {}  # what is staged for a source above the caller's clearance is not theirs
+            conn.execute("DELETE FROM ingest_staging WHERE source_id = %s AND model <> %s", (sid, model))
+            return {r["idx"]: r["text_hash"] for r in conn.execute(
+                "SELECT idx, text_hash FROM ingest_staging WHERE source_id = %s", (sid,))}
+
+    def stage_passages(self, sid: str, model: str, rows: Sequence[StagedPassage]) -> None:
+        self.check_writable()
+        now = time.time()
+        data = []
+        for r in rows:
+            vec = self._checked(r.vector, "staged")
+            data.append((self.id, sid, r.idx, r.id, model, r.text, r.text_hash, r.page, r.tokens, vec, now))
+        with self.db.tx() as conn:
+            self._stored_level(conn, sid)  # refused before the whole source is embedded
+            with conn.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO ingest_staging (kb_id, source_id, idx, chunk_id, model, text, text_hash, "
+                    "page, tokens, embedding, staged_at) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) "
+                    "ON CONFLICT (source_id, idx) DO UPDATE SET chunk_id = excluded.chunk_id, "
+                    "model = excluded.model, text = excluded.text, text_hash = excluded.text_hash, "
+                    "page = excluded.page, tokens = excluded.tokens, embedding = excluded.embedding, "
+                    "staged_at = excluded.staged_at", data)
+
+    def unstage(self, sid: str, idxs: Sequence[int] | None = None) -> None:
+        with self.db.tx() as conn:
+            if idxs is None:
+                conn.execute("DELETE FROM ingest_staging WHERE source_id = %s", (sid,))
+            else:
+                conn.execute("DELETE FROM ingest_staging WHERE source_id = %s AND idx = ANY(%s)",
+                             (sid, list(idxs)))
+
+    def publish_staged(self, write: SourceWrite) -> Stored:
+        self.check_writable()
+        now = time.time()
+        with self.db.tx() as conn:
+            self._lock(conn)
+            before = self.stored_passages(write.id, conn)
+            level = self._upsert_source(conn, write, now)
+            conn.execute("DELETE FROM ingest_staging WHERE source_id = %s AND idx >= %s",
+                         (write.id, write.chunk_count))
+            staged = [ChunkWrite(id=r["chunk_id"], idx=r["idx"], text=r["text"], text_hash=r["text_hash"],
+                                 page=r["page"], tokens=r["tokens"], vector=_array(r["embedding"]),
+                                 indexed_by=write.captured_by)
+                      for r in conn.execute("SELECT * FROM ingest_staging WHERE source_id = %s ORDER BY idx",
+                                            (write.id,))]
+            self._upsert_chunks(conn, write.id, write.title, level, staged + list(write.chunks), now=now)
+            self._delete_unkept(conn, before, write.keep)
+            conn.execute("DELETE FROM ingest_staging WHERE source_id = %s", (write.id,))
+            self._bump(conn)
+        return before
+
+    def staged_sources(self) -> dict[str, int]:
+        with self.db.conn() as conn:
+            return {r["source_id"]: r["n"] for r in conn.execute(
+                "SELECT source_id, count(*) AS n FROM ingest_staging WHERE kb_id = %s GROUP BY source_id",
+                (self.id,))}
+
+    def log_skip(self, ref: str, reason: str) -> None:
+        message = f"{ref}: skipped: {reason}"
+        with self.db.conn() as conn:
+            last = conn.execute("SELECT message FROM errors WHERE kb_id = %s AND ref = %s "
+                                "AND code = 'skipped' ORDER BY id DESC LIMIT 1", (self.id, ref)).fetchone()
+        if last is None or last["message"] != message:
+            self.log_error("ingest", "skipped", message, ref=ref)
+
+    def _checked(self, vector, done: str) -> np.ndarray:
+        """The vector as float32, or EmbeddingUnavailable if it is not one of this knowledge base's."""
+        vec = np.asarray(vector, dtype=np.float32)
+        if vec.shape != (self.record.dim,) or not np.isfinite(vec).all():
+            raise EmbeddingUnavailable(f"a vector of shape {vec.shape} for a {self.record.dim}-d "
+                                       f"knowledge base (or not finite): nothing was {done}")
+        return vec
 
     def _upsert_chunks(self, conn, sid: str, title: str, level: int, chunks, *, now: float) -> None:
         rows = []
         for c in chunks:
-            vec = np.asarray(c.vector, dtype=np.float32)
-            if vec.shape != (self.record.dim,) or not np.isfinite(vec).all():
-                raise EmbeddingUnavailable(f"a vector of shape {vec.shape} for a {self.record.dim}-d "
-                                           "knowledge base (or not finite): nothing was written")
+            vec = self._checked(c.vector, "written")
             tsv, length = tsvector_literal(passage_text(title, c.text))
             rows.append((c.id, vector_key(c.id), self.id, sid, c.idx, c.text, c.text_hash, c.page,
                          c.tokens, self.record.dim, vec, level, tsv, length, c.indexed_by, now))
@@ -518,6 +726,44 @@ class TeamKnowledgeBase(KnowledgeBaseHandle):
                  "updated_at": r["updated_at"], "access": LEVELS[r["access_level"]],
                  "added_by": r["added_by"]} for r in rows], total
 
+    def source_total(self) -> int:
+        with self.db.conn() as conn:
+            return conn.execute("SELECT count(*) AS n FROM sources WHERE kb_id = %s AND access_level <= %s",
+                                (self.id, self.level)).fetchone()["n"]
+
+    def find_sources(self, ref: str) -> list[dict]:
+        from pathlib import Path
+
+        resolved = "file:" + str(Path(ref).expanduser().resolve()) if len(ref) < 4096 else ref
+        cols = "SELECT id, title, url, file_name, key FROM sources WHERE kb_id = %s AND access_level <= %s "
+        with self.db.conn() as conn:
+            exact = conn.execute(cols + "AND (id = %s OR key = %s OR url = %s OR key = %s)",
+                                 (self.id, self.level, ref, ref, ref, resolved)).fetchall()
+            if exact:
+                return [dict(r) for r in exact]
+            tail = "%/" + ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_").lstrip("/")
+            return [dict(r) for r in conn.execute(
+                cols + "AND (lower(file_name) = lower(%s) OR lower(title) = lower(%s) "
+                "OR key LIKE %s ESCAPE '\\')", (self.id, self.level, ref, ref, tail))]
+
+    def iter_sources(self, *, offset: int = 0, limit: int | None = None,
+                     sort: str = "title") -> Iterator[dict]:
+        orders = {"title": "lower(s.title), s.id", "added": "s.added_at, s.id",
+                  "updated": "s.updated_at DESC, s.id"}
+        if sort not in orders:
+            raise InvalidInput(f"sort must be one of {', '.join(orders)}")
+        query = ("SELECT s.*, (SELECT count(*) FROM chunks c WHERE c.source_id = s.id) AS stored "
+                 f"FROM sources s WHERE kb_id = %s AND access_level <= %s ORDER BY {orders[sort]} "
+                 "LIMIT %s OFFSET %s")
+
+        def fetch(n: int, at: int) -> list:
+            with self.db.conn() as conn:
+                return conn.execute(query, (self.id, self.level, n, at)).fetchall()
+
+        for r in paged(fetch, offset, limit):
+            yield {**source_listing(r, r["stored"]), "access": LEVELS[r["access_level"]],
+                   "added_by": r["added_by"]}
+
     # -- search ----------------------------------------------------------------------------
     def legs(self) -> TeamLegs:
         return TeamLegs(self)
@@ -558,13 +804,10 @@ class TeamKnowledgeBase(KnowledgeBaseHandle):
         for row in self._stream(conn, "SELECT id, source_id, idx, text, page, tokens, text_hash, "
                                 "indexed_by, indexed_at, embedding FROM chunks WHERE kb_id = %s AND "
                                 "access_level <= %s ORDER BY source_id, idx", args):
-            raw = row.pop("embedding")
-            vec = np.asarray(raw.to_numpy() if hasattr(raw, "to_numpy") else raw, dtype="<f4")
+            vec = _array(row.pop("embedding")).astype("<f4", copy=False)
             yield {**row, "vector": vec.tobytes()}
 
     def import_rows(self, sources: Sequence[dict], chunks: Sequence[dict], vectors: np.ndarray) -> None:
-        from localkb.store.base import ChunkWrite
-
         self.check_writable()
         level = self.write_level if self.write_level is not None else 0
         new_sid = {s["id"]: source_id(self.id, s["key"]) for s in sources}

@@ -1,10 +1,13 @@
-"""Ingest's own tables: staged passages of big sources, and the fingerprints of files.
+"""The local store's ingest tables: staged passages of big sources, and the fingerprints of files.
+
+``store.kb``'s handle implements the seam's ingestion methods (``store.base``) with these;
+the team store has the same tables in PostgreSQL (``team.schema``).
 
 A source bigger than one write batch is not written in one transaction that would hold
 all of it in memory and lose all of it to a late interrupt. Its passages are embedded in
 bounded batches and each batch is committed to ``ingest_staging`` on its own; the
 knowledge base does not see them. When the last batch is staged, one catalogue
-transaction (``switch_mutation``) moves them into ``chunks``, deletes what the new version
+transaction (``publish_staged``) moves them into ``chunks``, deletes what the new version
 no longer has, and updates the source row: readers see the old version whole until that
 commit and the new version whole after it. A run that is interrupted or killed leaves its
 staged batches; the next add of the same source reuses every staged passage whose text
@@ -141,10 +144,10 @@ def stored_fingerprint(db: sqlite3.Connection, sid: str) -> sqlite3.Row | None:
         "FROM sources s JOIN source_files f ON f.source_id = s.id WHERE s.id = ?", (sid,)).fetchone()
 
 
-def save_fingerprint(db: sqlite3.Connection, sid: str, kb_id: str, path: str, *, size: int,
-                     mtime_ns: int, sha256: str, recipe: str) -> None:
+def save_fingerprint(db: sqlite3.Connection, sid: str, kb_id: str, fp) -> None:
+    """Upsert a file source's ``FileFingerprint`` (``store.base``)."""
     db.execute(
         "INSERT INTO source_files (source_id, kb_id, path, size, mtime_ns, sha256, recipe) "
         "VALUES (?,?,?,?,?,?,?) ON CONFLICT(source_id) DO UPDATE SET path=excluded.path, "
         "size=excluded.size, mtime_ns=excluded.mtime_ns, sha256=excluded.sha256, recipe=excluded.recipe",
-        (sid, kb_id, path, size, mtime_ns, sha256, recipe))
+        (sid, kb_id, fp.path, fp.size, fp.mtime_ns, fp.sha256, fp.recipe))
