@@ -837,7 +837,7 @@ def import_kb(store: Store, src: Path | BinaryIO, *, name: str | None = None,
             if isinstance(store, LocalStore):
                 # Ingest's tables and its (kb_id, text_hash) index, before the rows: built
                 # later, by the first add, they cost that add a pass over every passage.
-                from localkb.ingest.staging import ensure_tables
+                from localkb.store.ingest_staging import ensure_tables
 
                 ensure_tables(store)
                 counts = _publish(store, staged, head, stager, name)
