@@ -498,3 +498,32 @@ def test_a_table_the_extractor_drops_is_kept_and_its_names_are_found():
     text = doc.text
     assert text.index("Table 53.20") < text.index("enumtypid") < text.index("The OIDs for")
     assert [line for line in text.split("\n") if line.startswith("| ") and "enumtypid" in line]
+
+
+def test_a_compound_in_the_question_asks_for_its_parts_as_words_too(any_store, any_kb):
+    """Before: the keyword side asked for ``p53-dependent`` whole only, while the index holds
+    every code-like token's parts too: a page that says "depends on p53" shared nothing more
+    with the question than one that never names p53, and BM25's length normalisation put the
+    shorter one first (SciFact claims write ``p53-mediated``, ``TNF-α-induced``, ``5-year``).
+    The parts are asked as words — scored, never counted as the name, which stays missing.
+    """
+    add(any_kb, "p53", "Apoptosis in tumours",
+        "Cell death here depends on p53: cells without p53 keep dividing after the damage, "
+        "and grow faster in the mice that lack it.")
+    add(any_kb, "other", "Apoptosis in tumours", "Radiation damage and repair.")
+    for i, topic in enumerate(("Insulin and the liver", "Sleep in adolescents", "Malaria vaccines")):
+        add(any_kb, f"filler{i}", topic, f"{topic}: a review of the trials.")
+    res = search(any_store, "p53-dependent apoptosis in tumours", mode="keyword", floor=False)
+    st = res.statuses[0]
+    assert st.missing_terms == ["p53-dependent"]
+    assert res.trace["kbs"][any_kb.id]["parts"] == ["depend", "p53"]
+    assert (res.hits + res.weaker)[0].text.startswith(
+        "Cell death here depends on p53"), [(h.text[:30], h.bm25) for h in res.hits + res.weaker]
+    # The parts are evidence for the name's words, not a match of the name.
+    top = (res.hits + res.weaker)[0]
+    assert top.matched_terms == 2 and "p53-dependent" in top.missing_terms
+    # A compound held whole is asked whole only: its parts are a back-off.
+    add(any_kb, "held", "Cell cycle", "The p53-dependent arrest of the cell cycle.")
+    res = search(any_store, "p53-dependent apoptosis in tumours", mode="keyword", floor=False)
+    assert "parts" not in res.trace["kbs"][any_kb.id]
+    assert (res.hits + res.weaker)[0].title == "Cell cycle" and res.statuses[0].missing_terms == []
