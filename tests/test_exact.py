@@ -504,8 +504,10 @@ def test_a_compound_in_the_question_asks_for_its_parts_as_words_too(any_store, a
     """Before: the keyword side asked for ``p53-dependent`` whole only, while the index holds
     every code-like token's parts too: a page that says "depends on p53" shared nothing more
     with the question than one that never names p53, and BM25's length normalisation put the
-    shorter one first (SciFact claims write ``p53-mediated``, ``TNF-α-induced``, ``5-year``).
-    The parts are asked as words — scored, never counted as the name, which stays missing.
+    shorter one first ("AssertionError: [('Radiation damage and repair.', 2.0523), ('Cell
+    death here depends on p53', 1.2244)]"); SciFact claims write ``p53-mediated``,
+    ``IL-6-induced``, ``5-year``. The parts are asked as words — scored, never counted as
+    the name, which stays missing.
     """
     add(any_kb, "p53", "Apoptosis in tumours",
         "Cell death here depends on p53: cells without p53 keep dividing after the damage, "
