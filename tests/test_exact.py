@@ -203,6 +203,41 @@ def test_doc_pages_keep_definitions_together_and_lose_their_permalink_marks(kb):
     assert "#" not in pg.text
 
 
+def _variablelist(*entries: tuple[str, str]) -> str:
+    """A PostgreSQL ``variablelist`` (runtime-config-*.html): one ``dt``/``dd`` per setting."""
+    items = "".join(f'<dt><span class="term"><code class="varname">{name}</code> (<code class="type">'
+                    f'boolean</code>)</span></dt><dd><p>{desc}</p></dd>' for name, desc in entries)
+    return ('<html><head><title>20.6. Replication</title></head><body><h1>20.6. Replication</h1>'
+            f'<div class="variablelist"><dl class="variablelist">{items}</dl></div></body></html>')
+
+
+def test_a_definition_term_starts_its_passage_when_the_entry_before_it_is_long(kb):
+    """Before: the entries of a list were one paragraph; cut by sentences, the ``: `` mark of
+    a description became a sentence of its own, so a term could end a passage with only the
+    first line of its description and the rest in the next one (1,970 of the PostgreSQL
+    manual's 4,968 definition terms sat in the last lines of a passage)."""
+    long_desc = " ".join(f"A larger value helps in judging the health of a standby, case {i}."
+                         for i in range(14))
+    html = _variablelist(
+        ("wal_receiver_timeout", long_desc),
+        ("track_commit_timestamp", "Record commit time of transactions. This parameter can only "
+         "be set at server start. The default value is <code>off</code>."),
+        ("wal_sender_timeout", long_desc + " " + long_desc))
+    doc = extract_html(html)
+    chunks = chunk_document(doc, kb.embedder.count_tokens, max_tokens=96, overlap=16)
+    texts = [c.text for c in chunks]
+    # A short entry is one passage's worth: the term with its whole description.
+    holding = [t for t in texts if "`track_commit_timestamp`" in t]
+    assert holding and all("The default value is `off`." in t for t in holding), texts
+    # A long entry starts a passage, its term first, with its description's first sentence.
+    term = "`wal_sender_timeout` (`boolean`)"
+    starts = [t for t in texts if term in t]
+    assert starts and all(t.startswith(term) for t in starts), texts
+    assert "A larger value helps" in starts[0], texts
+    # No description mark is cut from what it describes.
+    assert not any(line.strip() == ":" for t in texts for line in t.split("\n")), texts
+
+
 def test_an_index_built_before_positions_is_rebuilt_on_open(settings, store, kb):
     from localkb.atomic import read_json, write_json
     from localkb.store.kb import Store
