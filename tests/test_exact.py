@@ -203,6 +203,41 @@ def test_doc_pages_keep_definitions_together_and_lose_their_permalink_marks(kb):
     assert "#" not in pg.text
 
 
+def _variablelist(*entries: tuple[str, str]) -> str:
+    """A PostgreSQL ``variablelist`` (runtime-config-*.html): one ``dt``/``dd`` per setting."""
+    items = "".join(f'<dt><span class="term"><code class="varname">{name}</code> (<code class="type">'
+                    f'boolean</code>)</span></dt><dd><p>{desc}</p></dd>' for name, desc in entries)
+    return ('<html><head><title>20.6. Replication</title></head><body><h1>20.6. Replication</h1>'
+            f'<div class="variablelist"><dl class="variablelist">{items}</dl></div></body></html>')
+
+
+def test_a_definition_term_starts_its_passage_when_the_entry_before_it_is_long(kb):
+    """Before: the entries of a list were one paragraph; cut by sentences, the ``: `` mark of
+    a description became a sentence of its own, so a term could end a passage with only the
+    first line of its description and the rest in the next one (1,970 of the PostgreSQL
+    manual's 4,968 definition terms sat in the last lines of a passage)."""
+    long_desc = " ".join(f"A larger value helps in judging the health of a standby, case {i}."
+                         for i in range(14))
+    html = _variablelist(
+        ("wal_receiver_timeout", long_desc),
+        ("track_commit_timestamp", "Record commit time of transactions. This parameter can only "
+         "be set at server start. The default value is <code>off</code>."),
+        ("wal_sender_timeout", long_desc + " " + long_desc))
+    doc = extract_html(html)
+    chunks = chunk_document(doc, kb.embedder.count_tokens, max_tokens=96, overlap=16)
+    texts = [c.text for c in chunks]
+    # A short entry is one passage's worth: the term with its whole description.
+    holding = [t for t in texts if "`track_commit_timestamp`" in t]
+    assert holding and all("The default value is `off`." in t for t in holding), texts
+    # A long entry starts a passage, its term first, with its description's first sentence.
+    term = "`wal_sender_timeout` (`boolean`)"
+    starts = [t for t in texts if term in t]
+    assert starts and all(t.startswith(term) for t in starts), texts
+    assert "A larger value helps" in starts[0], texts
+    # No description mark is cut from what it describes.
+    assert not any(line.strip() == ":" for t in texts for line in t.split("\n")), texts
+
+
 def test_an_index_built_before_positions_is_rebuilt_on_open(settings, store, kb):
     from localkb.atomic import read_json, write_json
     from localkb.store.kb import Store
@@ -498,3 +533,34 @@ def test_a_table_the_extractor_drops_is_kept_and_its_names_are_found():
     text = doc.text
     assert text.index("Table 53.20") < text.index("enumtypid") < text.index("The OIDs for")
     assert [line for line in text.split("\n") if line.startswith("| ") and "enumtypid" in line]
+
+
+def test_a_compound_in_the_question_asks_for_its_parts_as_words_too(any_store, any_kb):
+    """Before: the keyword side asked for ``p53-dependent`` whole only, while the index holds
+    every code-like token's parts too: a page that says "depends on p53" shared nothing more
+    with the question than one that never names p53, and BM25's length normalisation put the
+    shorter one first ("AssertionError: [('Radiation damage and repair.', 2.0523), ('Cell
+    death here depends on p53', 1.2244)]"); SciFact claims write ``p53-mediated``,
+    ``IL-6-induced``, ``5-year``. The parts are asked as words — scored, never counted as
+    the name, which stays missing.
+    """
+    add(any_kb, "p53", "Apoptosis in tumours",
+        "Cell death here depends on p53: cells without p53 keep dividing after the damage, "
+        "and grow faster in the mice that lack it.")
+    add(any_kb, "other", "Apoptosis in tumours", "Radiation damage and repair.")
+    for i, topic in enumerate(("Insulin and the liver", "Sleep in adolescents", "Malaria vaccines")):
+        add(any_kb, f"filler{i}", topic, f"{topic}: a review of the trials.")
+    res = search(any_store, "p53-dependent apoptosis in tumours", mode="keyword", floor=False)
+    st = res.statuses[0]
+    assert st.missing_terms == ["p53-dependent"]
+    assert res.trace["kbs"][any_kb.id]["parts"] == ["depend", "p53"]
+    assert (res.hits + res.weaker)[0].text.startswith(
+        "Cell death here depends on p53"), [(h.text[:30], h.bm25) for h in res.hits + res.weaker]
+    # The parts are evidence for the name's words, not a match of the name.
+    top = (res.hits + res.weaker)[0]
+    assert top.matched_terms == 2 and "p53-dependent" in top.missing_terms
+    # A compound held whole is asked whole only: its parts are a back-off.
+    add(any_kb, "held", "Cell cycle", "The p53-dependent arrest of the cell cycle.")
+    res = search(any_store, "p53-dependent apoptosis in tumours", mode="keyword", floor=False)
+    assert "parts" not in res.trace["kbs"][any_kb.id]
+    assert (res.hits + res.weaker)[0].title == "Cell cycle" and res.statuses[0].missing_terms == []

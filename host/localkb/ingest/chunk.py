@@ -116,18 +116,28 @@ class _Piece:
 
 
 def _blocks(text: str) -> list[tuple[str, bool]]:
-    """Paragraphs, with headings marked so a chunk can start at them."""
+    """Paragraphs, with headings marked so a chunk can start at them.
+
+    Each entry of a definition list (a term line, then its ``: description``) is a block of
+    its own: extraction writes a list's entries as one paragraph, and cut by sentences the
+    term of one entry would otherwise go with the end of the description before it.
+    """
     out: list[tuple[str, bool]] = []
     for para in _PARAGRAPHS.split(text):
         lines = [ln for ln in para.strip().split("\n") if ln.strip()]
         buf: list[str] = []
-        for line in lines:
+        for i, line in enumerate(lines):
+            term = (i + 1 < len(lines) and lines[i + 1].startswith(DEFINITION)
+                    and not line.startswith(DEFINITION))
             if _HEADING.match(line):
                 if buf:
                     out.append(("\n".join(buf), False))
                     buf = []
                 out.append((line, True))
             else:
+                if term and buf:
+                    out.append(("\n".join(buf), False))
+                    buf = []
                 buf.append(line)
         if buf:
             out.append(("\n".join(buf), False))
@@ -135,8 +145,18 @@ def _blocks(text: str) -> list[tuple[str, bool]]:
 
 
 def _split_long(text: str, budget: int, count: TokenCounter) -> list[_Piece]:
-    """Sentences, and word windows for sentences that alone exceed the budget."""
-    sentences = [s.strip() for s in _SENTENCE.split(text) if s and s.strip()]
+    """Sentences, and word windows for sentences that alone exceed the budget.
+
+    A description's leading ``: `` mark stays with its first sentence (it is no sentence of
+    its own), so the term before it still reads as a term.
+    """
+    sentences: list[str] = []
+    for line in text.split("\n"):
+        mark = DEFINITION if line.startswith(DEFINITION) else ""
+        parts = [s.strip() for s in _SENTENCE.split(line[len(mark):]) if s and s.strip()]
+        if mark and parts:
+            parts[0] = mark + parts[0]
+        sentences.extend(parts)
     sizes = count(sentences)
     pieces: list[_Piece] = []
     for sentence, size in zip(sentences, sizes, strict=True):

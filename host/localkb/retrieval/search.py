@@ -587,7 +587,16 @@ class Searcher:
         if mode in ("hybrid", "keyword") or got.embed_error is not None:
             try:
                 t0 = time.perf_counter()
+                # Single-term back-off forms, and the parts of a code-like term no passage
+                # holds whole: asked for, scored, never counted as terms a passage matched.
                 extra = {a for m in found for a in m.extra_terms}
+                how = {m.term.term: m.how for m in found}
+                asked = [p for term, ps in plan.parts
+                         if how.get(term, "whole" if legs.doc_frequency(term) else "missing") != "whole"
+                         for p in ps]
+                if asked:
+                    t["parts"] = sorted(set(asked))
+                extra |= set(asked) - set(terms)
                 khits = legs.keyword(terms + sorted(extra), want)
                 t["keyword_ms"] = _ms(t0)
             except LocalKBError as err:

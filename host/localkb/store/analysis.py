@@ -19,7 +19,11 @@ Indexing a text:
 - a call signature in text (``Task.done()``, ``os.replace(src, dst)``) indexes its name:
   parentheses are never part of a token.
 
-Asking: plain words are OR-ed and scored by BM25. Exact terms (identifier-shaped tokens,
+Asking: plain words are OR-ed and scored by BM25. A code-like token of the query that no
+passage of a knowledge base holds whole backs off to its parts as words (``p53-dependent``:
+``p53``, ``depend``), as the index holds them: they add to a passage's score, and never
+count as the token matched (``QueryPlan.parts``).
+Exact terms (identifier-shaped tokens,
 ``is_exact_token``) are asked whole first; a knowledge base with no whole match backs off
 to the alternatives of ``ExactTerm.backoff``: qualified suffixes and the parts as an
 adjacent phrase, the dropped qualifier required elsewhere on the same page — never the
@@ -209,13 +213,22 @@ class ExactTerm:
 
 @dataclass(frozen=True)
 class QueryPlan:
-    """What a query asks for: the OR-ed terms (exact wholes included) and its exact terms."""
+    """What a query asks for: the OR-ed terms (exact wholes included) and its exact terms.
+
+    ``parts``: each code-like term with its parts (those that are not terms of the query
+    themselves, stopwords left out). A knowledge base that holds no such term whole asks for
+    its parts beside the terms: a compound the page writes otherwise ("depends on p53" for
+    ``p53-dependent``) still shares its words with the question. The parts score those words
+    and are never counted as the term matched (``ERR_4512``'s ``err`` is no match of
+    ``ERR_4521``); where the term is held whole, only the whole is asked.
+    """
 
     terms: tuple[str, ...]
     exact: tuple[ExactTerm, ...]
+    parts: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def to_dict(self) -> dict:
-        return {"terms": list(self.terms),
+        return {"terms": list(self.terms), "parts": {t: list(p) for t, p in self.parts},
                 "exact": [{"text": e.text, "term": e.term,
                            "backoff": [a.to_dict() for a in e.backoff]} for e in self.exact]}
 
@@ -268,6 +281,7 @@ def plan_query(query: str) -> QueryPlan:
     shouting = not any(c.islower() for c in query)
     terms: list[str] = []
     exact: list[ExactTerm] = []
+    parts: dict[str, list[str]] = {}
     for raw in TOKEN.findall(query):
         token = raw.strip("'’")
         norm = normalize(token)
@@ -277,9 +291,15 @@ def plan_query(query: str) -> QueryPlan:
             exact.append(ExactTerm(token, norm, backoff(token)))
         if norm not in terms:
             terms.append(norm)
+        # The parts the index holds for this token (none for plain words and versions).
+        own = [t for t in _parts(token) if t not in stopwords()] if len(token_terms(token)[0]) > 1 else []
+        if own and norm not in parts:
+            parts[norm] = own
         if len(terms) == MAX_QUERY_TERMS:
             break
-    return QueryPlan(tuple(terms), tuple(exact))
+    backoff_parts = tuple((t, tuple(dict.fromkeys(p for p in ps if p not in terms)))
+                          for t, ps in parts.items())
+    return QueryPlan(tuple(terms), tuple(exact), tuple((t, ps) for t, ps in backoff_parts if ps))
 
 
 def query_terms(query: str) -> list[str]:
