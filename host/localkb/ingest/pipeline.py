@@ -1091,9 +1091,7 @@ def _count(kb: KnowledgeBase, s: _Source) -> SourceReport:
 
 
 def settle_status(rep: SourceReport, *, new: bool) -> None:
-    """A source report's status from its row counts: failed, partial, added, updated or unchanged.
-
-    """
+    """A source report's status from its row counts: failed, partial, added, updated or unchanged."""
     if rep.failed == rep.total:
         rep.status = "failed"
         reasons = sorted({f["reason"] for f in rep.failures})

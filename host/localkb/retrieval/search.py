@@ -592,7 +592,8 @@ class Searcher:
                 extra = {a for m in found for a in m.extra_terms}
                 how = {m.term.term: m.how for m in found}
                 asked = [p for term, ps in plan.parts
-                         if how.get(term, "whole" if legs.doc_frequency(term) else "missing") != "whole"
+                         if (how[term] if term in how else
+                             "whole" if legs.doc_frequency(term) else "missing") != "whole"
                          for p in ps]
                 if asked:
                     t["parts"] = sorted(set(asked))

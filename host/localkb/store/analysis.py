@@ -22,8 +22,7 @@ Indexing a text:
 Asking: plain words are OR-ed and scored by BM25. A code-like token of the query that no
 passage of a knowledge base holds whole backs off to its parts as words (``p53-dependent``:
 ``p53``, ``depend``), as the index holds them: they add to a passage's score, and never
-count as the token matched (``QueryPlan.parts``).
-Exact terms (identifier-shaped tokens,
+count as the token matched (``QueryPlan.parts``). Exact terms (identifier-shaped tokens,
 ``is_exact_token``) are asked whole first; a knowledge base with no whole match backs off
 to the alternatives of ``ExactTerm.backoff``: qualified suffixes and the parts as an
 adjacent phrase, the dropped qualifier required elsewhere on the same page — never the
