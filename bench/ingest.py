@@ -28,7 +28,9 @@ the job met them):
 
 The three are interleaved within each round with the order rotating (A/B/C, B/C/A, ...)
 so load on a shared machine hits all alike; min/median/max over the rounds. The model's
-padded tokens (batch rows x the longest row) show what each side really computed.
+padded tokens (batch rows x the longest row) show what each side really computed. The
+job's CPU is split by thread (its reader and committer time their own; the rest is the
+model and the writer), so the bench says which part of the job competes with the model.
 
 Peak RSS is measured in a fresh subprocess per case (its VmHWM, ``_common.peak_rss_mb``:
 the model, the tokenizer, onnxruntime's arenas and the store included; not ``ru_maxrss``,
@@ -179,10 +181,20 @@ def throughput(corpus: str, docs: int, pages: int, rounds: int) -> None:
         row("CPU s: bare, same batching", cpu["same"])
         row("CPU bare (same) / job", [b / j for b, j in zip(cpu["same"], cpu["job"], strict=True)],
             "   (the work besides the model; load does not move it)")
+        # Where the job's CPU went: its reader and committer threads time themselves; the rest
+        # is the writer thread and the model's own threads (onnxruntime's pool, the tokenizer).
+        read = [w["read_cpu_s"] for w in waits]
+        commit = [w["commit_cpu_s"] for w in waits]
+        rest = [c - r - m for c, r, m in zip(cpu["job"], read, commit, strict=True)]
+        row("CPU s: job reader thread", read, "   (walk, fingerprints, extraction, chunking)")
+        row("CPU s: job committer thread", commit, "   (catalogue, keyword and vector index writes)")
+        row("CPU s: job model + writer", rest)
+        row("CPU model + writer / bare (same)", [r / b for r, b in zip(rest, cpu["same"], strict=True)],
+            "   (the model slowed by the threads beside it)")
         row("padding: job", padded["job"], "   (padded tokens / tokens - 1)")
         row("padding: bare, same batching", padded["same"])
         row("padding: bare, one sort", padded["sorted"])
-        for key in ("wait_s", "embed_s", "write_s"):
+        for key in ("wait_s", "embed_s", "write_s", "commit_wait_s"):
             row("job " + key, [w[key] for w in waits])
         print("rounds (job/same/one sort): " + ", ".join(
             f"{j:.1f}s/{a:.1f}s/{b:.1f}s = {x:.2f}" for j, a, b, x in

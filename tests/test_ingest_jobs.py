@@ -93,6 +93,26 @@ def test_the_model_starts_before_the_batch_is_read_and_the_batch_is_one_write(kb
     assert kb.store.resolve(kb.id).generation == gen + 1
 
 
+def test_the_job_reports_the_cpu_of_its_reader_and_committer_threads(kb, tmp_path):
+    """The throughput bench splits the job's CPU by thread: what extraction and chunking (the
+    reader) and the writes (the committer) cost beside the model, each timed on its own thread."""
+    import resource
+
+    write_notes(tmp_path / "notes", 30, paragraphs=6)
+
+    def cpu() -> float:
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        return ru.ru_utime + ru.ru_stime
+
+    c0 = cpu()
+    report = add_paths(kb, [str(tmp_path / "notes")])
+    spent = cpu() - c0
+    assert report.totals()["by_status"]["added"] == 30
+    read, commit = report.timings["read_cpu_s"], report.timings["commit_cpu_s"]
+    assert read > 0 and commit > 0
+    assert read + commit < spent  # each thread's own CPU, not the process's
+
+
 @pytest.mark.slow
 def test_the_model_batches_passages_of_like_length_over_many_small_sources(kb, tmp_path):
     """Passages of mixed lengths, many small files: the model's padded work stays near the real

@@ -183,8 +183,10 @@ class IngestReport:
     elapsed_s: float = 0.0
     tokens: int = 0  # embedded by this job
     passages: int = 0  # embedded by this job
-    #: Seconds the writer spent waiting for text, in the model, and writing; and ``model``:
-    #: the model's work (batches, texts, tokens, padded tokens; MiniLM only).
+    #: Seconds the writer spent waiting for text, in the model, and writing (and waiting for
+    #: the committer); the CPU seconds of the reader and committer threads (``read_cpu_s``,
+    #: ``commit_cpu_s``); and ``model``: the model's work (batches, texts, tokens, padded
+    #: tokens; MiniLM only).
     timings: dict = field(default_factory=dict)
 
     def totals(self) -> dict:
@@ -329,6 +331,12 @@ class _Reader(threading.Thread):
 
     def run(self) -> None:
         try:
+            self._run()
+        finally:  # this thread's CPU: extraction, chunking, fingerprints (what competes with the model)
+            self.job.timings["read_cpu_s"] = time.thread_time()
+
+    def _run(self) -> None:
+        try:
             deferred: list[_Item] = []
             for item in self.items:
                 if self.stop.is_set():
@@ -445,7 +453,10 @@ class _Job:
         self.recipe = _recipe(kb)
         self.report = IngestReport()
         #: Where the writer's time went: waiting for the reader, in the model, in writes.
-        self.timings = {"wait_s": 0.0, "embed_s": 0.0, "write_s": 0.0, "commit_wait_s": 0.0}
+        #: ``read_cpu_s`` and ``commit_cpu_s``: the CPU seconds of the reader and the committer
+        #: threads (what the job computes besides the model, on the cores the model uses).
+        self.timings = {"wait_s": 0.0, "embed_s": 0.0, "write_s": 0.0, "commit_wait_s": 0.0,
+                        "read_cpu_s": 0.0, "commit_cpu_s": 0.0}
         #: The model's work for this job: batches, texts, tokens and padded tokens.
         self.model_work: dict[str, int] = {}
         self._done_items: set[int] = set()
@@ -654,6 +665,7 @@ class _Committer:
         while True:
             item = self._tasks.get()
             if item is None:
+                self.timings["commit_cpu_s"] = time.thread_time()
                 return
             task, write = item
             try:
