@@ -128,6 +128,36 @@ def test_segments_merge_by_tier_and_fold_into_the_base_once_they_outgrow_it(tmp_
     assert not [f for f in files if ".seg" in f], files  # merged-away segments are removed
 
 
+def test_a_search_walks_a_bounded_number_of_graph_segments_whatever_was_written(tmp_path: Path) -> None:
+    """Merged (graph) segments each cost a search an HNSW walk of its own (100,000 passages: the
+    vector leg's p50 5.9 -> 15.8 ms with four). Below ~300,000 a merge is capped at a quarter
+    of the base, so merged segments could pile up to 2 x FANOUT before the base was rewritten;
+    with MAX_GRAPH_SEGMENTS, the fold that would make one more rewrites the base instead.
+    Searches equal brute force along the way; a fresh process opens what the writes left."""
+    n = 24_000  # folds of 1,500 (500 a write); a merged segment 6,000, a quarter of the base
+    vi = VectorIndex(tmp_path / "v.usearch", "m", DIM)
+    vi.build(np.arange(n, dtype=np.uint64), unit(n, 1), generation=1)
+    vecs = dict(zip(range(n), unit(n, 1), strict=True))
+    graphs, gen, key = [], 1, 10**6
+    while vi.base_count <= n:
+        gen += 1
+        moved = unit(500, gen)
+        vi.upsert(np.arange(key, key + 500, dtype=np.uint64), moved)
+        vecs.update(zip(range(key, key + 500), moved, strict=True))
+        key += 500
+        vi.save(gen)
+        graphs.append(sum(s.graph for s in vi.segments))
+        if gen % 6 == 0 or vi.base_count > n:
+            again = VectorIndex.load(vi.path, "m", DIM)
+            assert len(again) == len(vecs)
+            all_keys = np.array(list(vecs), dtype=np.uint64)
+            all_vecs = np.stack(list(vecs.values()))
+            for q in unit(3, gen):
+                best = all_keys[np.argsort(-(all_vecs @ q), kind="stable")[:10]]
+                assert again.search(q, 10, exact_below=10**9).keys.tolist() == best.tolist()
+    assert max(graphs) == vmod.MAX_GRAPH_SEGMENTS, graphs
+
+
 def test_a_torn_log_tail_is_ignored_and_cut_off_by_the_next_write(base: VectorIndex) -> None:
     base.upsert(np.array([7000], dtype=np.uint64), unit(1, 5))
     base.save(2)

@@ -16,9 +16,11 @@ it. A fold costs what was logged, not what the base holds: it wrote no graph (it
 rewrote the whole base: 28-71 s and 709-784 MB for a full log at 300,000 passages on the
 loaded machine). FANOUT segments of one size tier merge into one HNSW segment of the next
 (``.seg<N>.usearch``; never past a quarter of the base: the write that builds a graph of
-four folds' vectors), and once the segments together hold as many vectors as the base, all
-is written as one new base: the one write whose cost is the knowledge base's size, paid when
-as much was written since.
+four folds' vectors), and once the segments together hold as many vectors as the base, or a
+merge would leave a search more than ``MAX_GRAPH_SEGMENTS`` graphs to walk beside the base,
+all is written as one new base: the one write whose cost is the knowledge base's size, paid
+after at least ``MAX_GRAPH_SEGMENTS + 1`` merges' worth of changes (100,000 passages: every
+~37,500; 300,000: every ~49,000).
 
 Metadata beside the files (``.json``) lists the base file's generation and count and each
 segment's; replacing it commits a fold (files not listed are orphans of a crash, removed by
@@ -55,6 +57,11 @@ _UPSERT, _DELETE = 1, 2
 _GONE, _DELTA = -1, -2  # ``VectorIndex.owner``: deleted, or changed since the files (in ``delta``)
 #: Segments of one size tier merged into one of the next (see ``VectorIndex.fold``).
 FANOUT = 4
+#: Merged (HNSW) segments a search may have to walk beside the base: the merge that would make
+#: one more rewrites the base instead. Each is a walk of its own: at 100,000 passages (load
+#: 8-11) the vector leg's top 40 took p50 106 ms with the seven that could pile up below
+#: ~300,000 (merges are capped at a quarter of the base), 25 ms for the base alone.
+MAX_GRAPH_SEGMENTS = 2
 
 
 def fold_threshold(base_count: int) -> int:
@@ -362,8 +369,8 @@ class VectorIndex:
         The segment holds what was written (the changed vectors and the keys deleted), so the
         fold costs that, not what the base holds. Segments of one size tier are merged, FANOUT
         at a time, into one of the next tier (a merge rewrites segments, never the base); once
-        the segments hold as many vectors as the base, everything is written as a new base:
-        by then what was written since the last base is as big as the base itself.
+        the segments hold as many vectors as the base, or the merge due would make one graph
+        segment more than ``MAX_GRAPH_SEGMENTS``, everything is written as a new base.
         """
         if not self.path.exists():
             self._write_base(None, -1)
@@ -382,6 +389,10 @@ class VectorIndex:
             return
         cap = (self.base_count - self._base_shadowed) // 4
         while (run := _mergeable(segments, fold_threshold(self.base_count), cap)) is not None:
+            if sum(s.graph for s in segments[:run]) + 1 > MAX_GRAPH_SEGMENTS:
+                # One more graph for every search to walk: the base takes them all instead.
+                self._rewrite_base(segments, generation)
+                return
             segments[run:] = [self._merge(segments, run, generation)]
         self._write_meta(generation, self.base_count, segments)
         self._empty_log()
