@@ -135,9 +135,9 @@ class _Piece:
 def _fence_after(text: str, code: str | None) -> str | None:
     """The code block open after ``text`` (its fence line), given the one open before it."""
     for line in text.split("\n"):
-        line = line.strip()
-        if line.startswith(_FENCE):
-            code = None if code is not None else line
+        fence = line.strip()
+        if fence.startswith(_FENCE):
+            code = None if code is not None else fence
     return code
 
 
