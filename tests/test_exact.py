@@ -600,13 +600,16 @@ def test_a_call_in_an_example_program_cut_from_its_fence_defines_nothing(store, 
     sat in the definitions' list and came first (the PostgreSQL manual's lo_close, lo_lseek,
     pg_mcv_list_items, quote_nullable). A code block is marked where the page marks it (the
     HTML ``pre``) and every passage cut from it is fenced; a synopsis declares its name."""
-    from localkb.ingest.chunk import defining_spans
+    from localkb.ingest.chunk import defining_spans, passage_text
 
     interfaces, example = _lo_pages()
     doc = extract_html(example)
     chunks = chunk_document(doc, kb.embedder.count_tokens, max_tokens=96, overlap=16)
     calling = [c.text for c in chunks if "lo_close(conn, lobj_fd);" in c.text]
     assert len(calling) > 2, [c.text for c in chunks]
+    # The fences a passage gets are counted: each still fits the model's window.
+    count = kb.embedder.count_tokens
+    assert max(count([passage_text(doc.title, c.text) for c in chunks])) + 2 <= 96
     for text in calling:
         assert text.startswith("```") and text.rstrip().endswith("```"), text
         assert defining_spans(doc.title, text) == [doc.title], text
