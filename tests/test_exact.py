@@ -646,3 +646,31 @@ def test_inline_code_that_wraps_a_line_is_no_code_block():
     assert doc.text.count("```") == 2, doc.text
     assert "```\nSET enable_nestloop = off;\n```" in doc.text, doc.text
     assert "`enable_nestloop` (`boolean`)" in defining_spans(doc.title, doc.text), doc.text
+
+
+def test_a_term_that_links_to_another_page_is_a_reference_not_a_definition(store, kb):
+    """Before: GIN's tips list ``maintenance_work_mem`` as a definition term, but the term is
+    a cross-reference (``<a class="xref" href="runtime-config-resource.html#…">``) to the page
+    that defines the setting; both sat in the definitions' list and the tips page came first."""
+    from localkb.ingest.chunk import defining_spans
+
+    tips = extract_html(
+        '<html><head><title>70.5. GIN Tips and Tricks</title></head><body><h1>70.5. GIN Tips and '
+        'Tricks</h1><div class="variablelist"><dl class="variablelist"><dt><span class="term"><a '
+        'class="xref" href="runtime-config-resource.html#GUC-MAINTENANCE-WORK-MEM">'
+        'maintenance_work_mem</a></span></dt><dd><p>Build time for a GIN index is very sensitive '
+        'to the <code>maintenance_work_mem</code> setting; it does not pay to skimp on work memory '
+        'during index creation.</p></dd></dl></div></body></html>')
+    assert "maintenance_work_mem" not in " ".join(defining_spans(tips.title, tips.text)[1:]), tips.text
+    assert "Build time for a GIN index" in tips.text
+    add_document_to(kb, tips, key="page:gin-tips")
+    add_document_to(kb, extract_html(_guc_page(
+        "maintenance_work_mem", "Specifies the maximum amount of memory to be used by maintenance "
+        "operations, such as VACUUM and CREATE INDEX.").replace("20.5. Write Ahead Log",
+                                                              "20.4. Resource Consumption")),
+        key="page:resource")
+    for mode in ("hybrid", "keyword"):
+        res = search(store, "maintenance_work_mem", mode=mode, per_source=1, k=2)
+        lists = {h.title: h.lists for h in res.hits}
+        assert [h.title for h in res.hits][:1] == ["20.4. Resource Consumption"], (mode, lists)
+        assert "defines" not in lists["70.5. GIN Tips and Tricks"], (mode, lists)

@@ -370,8 +370,11 @@ def _prepare_html(html: str) -> tuple[str, DeclaredTitles, list[PageTable]]:
     for dt in tree.xpath("//dt[@id]"):
         _qualify_signature(dt)
     _mark_code_blocks(tree)
-    for el, mark in [(dt, _TERM_MARK) for dt in tree.xpath("//dt")] + [
-            (dd, _DESC_MARK) for dd in tree.xpath("//dd")]:
+    terms = [dt for dt in tree.xpath("//dt") if not _is_reference(dt)]
+    held = set(terms)
+    for el, mark in [(dt, _TERM_MARK) for dt in terms] + [
+            (dd, _DESC_MARK) for dd in tree.xpath("//dd")
+            if next(iter(dd.xpath("preceding-sibling::dt[1]")), None) in held]:
         el.text = f"{mark} {el.text or ''}"
     return lxml.html.tostring(tree, encoding="unicode"), declared, _page_tables(tree)
 
@@ -429,6 +432,17 @@ def _code_blocks(text: str) -> str:
         else:
             out.append(part.replace("```", ""))
     return "".join(out) + ("\n```" if inside else "")
+
+
+def _is_reference(dt) -> bool:
+    """A definition term that is only a link to another page (``<a class="xref"
+    href="runtime-config-resource.html#…">maintenance_work_mem</a>`` in GIN's tips): the
+    name is defined there, and this list only points to it, so it is no term of its own.
+    (A table of contents' entries, links without a description, are left as they are.)"""
+    described = dt.getnext() is not None and dt.getnext().tag == "dd"  # not a contents entry
+    links = [a for a in dt.xpath(".//a[@href]") if not (a.get("href") or "").startswith("#")]
+    text = " ".join(dt.text_content().split())
+    return described and bool(links) and text == " ".join(" ".join(a.text_content() for a in links).split())
 
 
 def _definitions(text: str) -> str:
