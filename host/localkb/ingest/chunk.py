@@ -276,7 +276,8 @@ def _pack(pieces: list[_Piece], budget: int, overlap: int, fence: int) -> list[t
             if carry:
                 cur = carry
             elif (tail is not None and not starts_section and not tail.leads
-                  and tail.tokens <= overlap and size([tail, piece]) <= budget):
+                  and tail.tokens <= overlap and size([tail, piece]) - 1 <= budget):
+                # (- 1: the overlap's one joining newline, as counted before fences were)
                 cur = [tail]
             else:
                 cur = []
