@@ -3,7 +3,8 @@
 Splits at headings, then paragraphs, then sentences, then words; packs the
 pieces greedily with a small overlap; never lets a chunk span two PDF pages. A
 heading or a definition term (a line followed by a ``: description`` line) never
-ends a passage: it starts the next one with what it introduces.
+ends a passage: it starts the next one with what it introduces. A passage cut from a
+fenced code block is fenced as the block is (its fence lines counted in its tokens).
 """
 
 from __future__ import annotations
@@ -71,8 +72,10 @@ def defining_spans(title: str | None, body: str) -> list[str]:
     description line, as HTML ``dt``/``dd`` and Sphinx signatures are written), and the
     name a line opens with when that line is a table row (its first cell names the row) or
     a signature (``jsonb_set ( ... )``, ``Task.done()``) or a ``name — purpose`` line
-    (manual pages). Documentation of any kind names what it defines in one of these places;
-    fenced code never defines (its ``# comments`` would read as headings).
+    (manual pages); and each line of a synopsis block (`````synopsis``, as extraction writes
+    DocBook's ``pre.synopsis``) declares a name. Documentation of any kind names what it
+    defines in one of these places; other fenced code never defines (an example's calls are
+    uses, its ``# comments`` would read as headings).
     """
     return [span for span, _ in defining_spans_ranked(title, body)]
 
