@@ -447,10 +447,13 @@ def test_defining_spans_are_titles_headings_terms_first_cells_and_signatures():
             "pg_dump — extract a PostgreSQL database\n"
             "Task.done()\n: Return True if the Task is done.\n"
             "```\n# allowed if there is an entry in pg_ident.conf\nlocal all all peer\n```\n"
-            "# a comment block cut from its fence\n# names pg_ident.conf too")
+            "# a comment block cut from its fence\n# names pg_ident.conf too\n"
+            "```synopsis\nint lo_close(PGconn *conn, int fd);\n`pg_mcv_list_items` ( `pg_mcv_list` )\n"
+            "where *`role_specification`* can be:\n| CURRENT_ROLE\n```")
     assert defining_spans("9.16. JSON Functions", body) == [
         "9.16. JSON Functions", "jsonb_set", "`allow_in_place_tablespaces` (`boolean`)",
-        "## The jsonb_path_query family", "pg_dump", "Task.done()"]
+        "## The jsonb_path_query family", "pg_dump", "Task.done()", "lo_close",
+        "pg_mcv_list_items"]
 
 
 def test_a_lower_case_prefix_on_an_acronym_is_a_word_not_a_code_name(store, kb):

@@ -53,8 +53,9 @@ _LEAD_MARKUP = re.compile(r"^[\s|>*_`~+-]*")
 #: What follows a name that a line introduces: a call signature or a "name — purpose" line.
 _INTRODUCED = re.compile(r"^[`*_\s]*(?:\(|—)")
 _FIRST_WORD = re.compile(r"\w+(?:[-./:]\w+)*")
-#: The name a declaration gives before its parameter list: ``lo_close(`` in a C prototype.
-_DECLARED = re.compile(r"(\w+(?:[.:]\w+)*)\(")
+#: The name a declaration gives before its parameter list: ``lo_close(`` in a C prototype,
+#: ```pg_mcv_list_items` (`` in a function synopsis.
+_DECLARED = re.compile(r"(\w+(?:[.:]\w+)*)[`*]*[ \t]*\(")
 #: A fence line: it opens a code block (its info string saying what kind) or closes one.
 _FENCE = "```"
 
@@ -72,10 +73,10 @@ def defining_spans(title: str | None, body: str) -> list[str]:
     description line, as HTML ``dt``/``dd`` and Sphinx signatures are written), and the
     name a line opens with when that line is a table row (its first cell names the row) or
     a signature (``jsonb_set ( ... )``, ``Task.done()``) or a ``name — purpose`` line
-    (manual pages); and each line of a synopsis block (`````synopsis``, as extraction writes
-    DocBook's ``pre.synopsis``) declares a name. Documentation of any kind names what it
-    defines in one of these places; other fenced code never defines (an example's calls are
-    uses, its ``# comments`` would read as headings).
+    (manual pages); and a synopsis line (in a `````synopsis`` block, as extraction writes
+    DocBook's ``pre.synopsis``) declares the name before its parameter list. Documentation
+    of any kind names what it defines in one of these places; other fenced code never
+    defines (an example's calls are uses, its ``# comments`` would read as headings).
     """
     return [span for span, _ in defining_spans_ranked(title, body)]
 
@@ -92,12 +93,12 @@ def defining_spans_ranked(title: str | None, body: str) -> list[tuple[str, int]]
             synopsis = in_code and text == SYNOPSIS_FENCE
             continue
         if synopsis:
-            # Each line of a synopsis declares a name: the one before its parameter list
-            # (``int lo_close(PGconn *conn, int fd);``), else the word it opens with.
-            rest = text[_LEAD_MARKUP.match(text).end():]
-            name = _DECLARED.search(rest) or _FIRST_WORD.match(rest)
+            # A synopsis line declares the name before its parameter list
+            # (``int lo_close(PGconn *conn, int fd);``); a command's grammar (``| CURRENT_ROLE``,
+            # ``FROM from_item``) declares nothing (the command is the page's title).
+            name = _DECLARED.search(text)
             if name:
-                spans.append((name.group(1) if name.re is _DECLARED else name.group(0), OWN_ENTRY))
+                spans.append((name.group(1), OWN_ENTRY))
             continue
         if in_code or not text or text.startswith(":"):
             continue  # code (a ``# comment`` in an example is no heading) and descriptions
