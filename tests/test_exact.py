@@ -447,10 +447,13 @@ def test_defining_spans_are_titles_headings_terms_first_cells_and_signatures():
             "pg_dump — extract a PostgreSQL database\n"
             "Task.done()\n: Return True if the Task is done.\n"
             "```\n# allowed if there is an entry in pg_ident.conf\nlocal all all peer\n```\n"
-            "# a comment block cut from its fence\n# names pg_ident.conf too")
+            "# a comment block cut from its fence\n# names pg_ident.conf too\n"
+            "```synopsis\nint lo_close(PGconn *conn, int fd);\n`pg_mcv_list_items` ( `pg_mcv_list` )\n"
+            "where *`role_specification`* can be:\n| CURRENT_ROLE\n```")
     assert defining_spans("9.16. JSON Functions", body) == [
         "9.16. JSON Functions", "jsonb_set", "`allow_in_place_tablespaces` (`boolean`)",
-        "## The jsonb_path_query family", "pg_dump", "Task.done()"]
+        "## The jsonb_path_query family", "pg_dump", "Task.done()", "lo_close",
+        "pg_mcv_list_items"]
 
 
 def test_a_lower_case_prefix_on_an_acronym_is_a_word_not_a_code_name(store, kb):
@@ -564,3 +567,113 @@ def test_a_compound_in_the_question_asks_for_its_parts_as_words_too(any_store, a
     res = search(any_store, "p53-dependent apoptosis in tumours", mode="keyword", floor=False)
     assert "parts" not in res.trace["kbs"][any_kb.id]
     assert (res.hits + res.weaker)[0].title == "Cell cycle" and res.statuses[0].missing_terms == []
+
+
+def _lo_pages() -> tuple[str, str]:
+    """A client-interface page (each function's C synopsis, then what it does) and an example
+    program that calls them, as the PostgreSQL manual has them (lo-interfaces.html and
+    lo-examplesect.html)."""
+    interfaces = (
+        '<html><head><title>35.3. Client Interfaces</title></head><body><h1>35.3. Client Interfaces'
+        '</h1><h3>35.3.4. Opening an Existing Large Object</h3><p>To open an existing large object '
+        'for reading or writing, call</p><pre class="synopsis">\nint lo_open(PGconn *conn, Oid '
+        'lobjId, int mode);\n</pre><p>The descriptor is only valid for the duration of the current '
+        'transaction. On failure, -1 is returned.</p><h3>35.3.10. Closing a Large Object Descriptor'
+        '</h3><p>A large object descriptor can be closed by calling</p><pre class="synopsis">\nint '
+        'lo_close(PGconn *conn, int fd);\n</pre><p>where <em>fd</em> is a large object descriptor '
+        'returned by <code class="function">lo_open</code>. On success, <code class="function">'
+        'lo_close</code> returns zero. On error, the return value is -1.</p></body></html>')
+    body = "".join(
+        f"static void\nstep{i}(PGconn *conn, Oid lobjId, int start, int len)\n{{\nint lobj_fd;\n"
+        f"lobj_fd = lo_open(conn, lobjId, INV_READ);\nif (lobj_fd &lt; 0)\n"
+        f'fprintf(stderr, "cannot open large object %u", lobjId);\nlo_close(conn, lobj_fd);\n}}\n'
+        for i in range(8))
+    example = (
+        '<html><head><title>35.5. Example Program</title></head><body><h1>35.5. Example Program'
+        '</h1><p>Example 35.1 is a sample program which shows how the large object interface in '
+        'libpq can be used.</p><div class="example"><p class="title"><b>Example 35.1. Large '
+        f'Objects with libpq Example Program</b></p><div class="example-contents"><pre '
+        f'class="programlisting">\n{body}</pre></div></div></body></html>')
+    return interfaces, example
+
+
+def test_a_call_in_an_example_program_cut_from_its_fence_defines_nothing(store, kb):
+    """Before: a passage cut from the middle of an example program had no fence, so its
+    ``lo_close(conn, lobj_fd);`` line read as ``lo_close``'s own signature; the example program
+    sat in the definitions' list and came first (the PostgreSQL manual's lo_close, lo_lseek,
+    pg_mcv_list_items, quote_nullable). A code block is marked where the page marks it (the
+    HTML ``pre``) and every passage cut from it is fenced; a synopsis declares its name."""
+    from localkb.ingest.chunk import defining_spans, passage_text
+
+    interfaces, example = _lo_pages()
+    doc = extract_html(example)
+    chunks = chunk_document(doc, kb.embedder.count_tokens, max_tokens=96, overlap=16)
+    calling = [c.text for c in chunks if "lo_close(conn, lobj_fd);" in c.text]
+    assert len(calling) > 2, [c.text for c in chunks]
+    # The fences a passage gets are counted: each still fits the model's window.
+    count = kb.embedder.count_tokens
+    assert max(count([passage_text(doc.title, c.text) for c in chunks])) + 2 <= 96
+    for text in calling:
+        assert text.startswith("```") and text.rstrip().endswith("```"), text
+        assert defining_spans(doc.title, text) == [doc.title], text
+    synopsis = extract_html(interfaces)
+    held = [c.text for c in chunk_document(synopsis, kb.embedder.count_tokens, max_tokens=96,
+                                           overlap=16) if "int lo_close(" in c.text]
+    assert held and all("lo_close" in defining_spans(synopsis.title, t) for t in held), held
+    add_document_to(kb, synopsis, key="page:interfaces")
+    add_document_to(kb, doc, key="page:example")
+    for mode in ("hybrid", "keyword"):
+        res = search(store, "lo_close", mode=mode, per_source=1, k=2)
+        lists = {h.title: h.lists for h in res.hits}
+        assert [h.title for h in res.hits][:1] == ["35.3. Client Interfaces"], (mode, lists)
+        assert "defines" not in lists.get("35.5. Example Program", ["defines"]), (mode, lists)
+
+
+def test_inline_code_that_wraps_a_line_is_no_code_block():
+    """Before: trafilatura wrote an inline ``<code>`` whose text wraps a source line as a fenced
+    block opened at the end of a prose line (``specific columns using ```…``), 280 of the
+    PostgreSQL manual's 1,168 pages held such stray fences, and read by their fences the
+    definition terms after one were code (fencing passages cut from code blocks lost
+    ``enable_nestloop`` and 9 more of the dev set's names at rank 1)."""
+    from localkb.ingest.chunk import defining_spans
+
+    doc = extract_html(
+        '<html><head><title>20.7. Query Planning</title></head><body><h1>20.7. Query Planning</h1>'
+        '<p>Better statistics are collected for specific columns using <code class="command">'
+        'ALTER TABLE SET\n       STATISTICS</code>.</p><div class="variablelist"><dl class='
+        '"variablelist"><dt><span class="term"><code class="varname">enable_nestloop</code> (<code '
+        'class="type">boolean</code>)</span></dt><dd><p>Enables or disables the query planner\'s use '
+        'of nested-loop join plans.</p></dd></dl></div><pre class="programlisting">\nSET '
+        'enable_nestloop = off;\n</pre><p>The planner then avoids nested loops.</p></body></html>')
+    assert "`ALTER TABLE SET STATISTICS`" in doc.text, doc.text
+    assert doc.text.count("```") == 2, doc.text
+    assert "```\nSET enable_nestloop = off;\n```" in doc.text, doc.text
+    assert "`enable_nestloop` (`boolean`)" in defining_spans(doc.title, doc.text), doc.text
+
+
+def test_a_term_that_links_to_another_page_is_a_reference_not_a_definition(store, kb):
+    """Before: GIN's tips list ``maintenance_work_mem`` as a definition term, but the term is
+    a cross-reference (``<a class="xref" href="runtime-config-resource.html#…">``) to the page
+    that defines the setting; both sat in the definitions' list and the tips page came first."""
+    from localkb.ingest.chunk import defining_spans
+
+    tips = extract_html(
+        '<html><head><title>70.5. GIN Tips and Tricks</title></head><body><h1>70.5. GIN Tips and '
+        'Tricks</h1><div class="variablelist"><dl class="variablelist"><dt><span class="term"><a '
+        'class="xref" href="runtime-config-resource.html#GUC-MAINTENANCE-WORK-MEM">'
+        'maintenance_work_mem</a></span></dt><dd><p>Build time for a GIN index is very sensitive '
+        'to the <code>maintenance_work_mem</code> setting; it does not pay to skimp on work memory '
+        'during index creation.</p></dd></dl></div></body></html>')
+    assert "maintenance_work_mem" not in " ".join(defining_spans(tips.title, tips.text)[1:]), tips.text
+    assert "Build time for a GIN index" in tips.text
+    add_document_to(kb, tips, key="page:gin-tips")
+    add_document_to(kb, extract_html(_guc_page(
+        "maintenance_work_mem", "Specifies the maximum amount of memory to be used by maintenance "
+        "operations, such as VACUUM and CREATE INDEX.").replace("20.5. Write Ahead Log",
+                                                              "20.4. Resource Consumption")),
+        key="page:resource")
+    for mode in ("hybrid", "keyword"):
+        res = search(store, "maintenance_work_mem", mode=mode, per_source=1, k=2)
+        lists = {h.title: h.lists for h in res.hits}
+        assert [h.title for h in res.hits][:1] == ["20.4. Resource Consumption"], (mode, lists)
+        assert "defines" not in lists["70.5. GIN Tips and Tricks"], (mode, lists)

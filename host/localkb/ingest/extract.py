@@ -67,6 +67,13 @@ _BLANKS = re.compile(r"\n{3,}")
 #: words but drops private-use characters); replaced right after it.
 _TERM_MARK, _DESC_MARK = "lkbdefterm", "lkbdefdesc"
 _MARKED = re.compile(rf"^\s*(?:[-*+]\s+)?({_TERM_MARK}|{_DESC_MARK})\s?(.*)$")
+#: Words that mark where a code block (an HTML ``pre``) opens and closes, and that it is a
+#: synopsis (DocBook's ``pre.synopsis``: the declaration a page documents, not an example).
+_CODE_MARK, _SYNOPSIS_MARK, _CODE_END = "lkbcodeblock", "lkbsynopsisblock", "lkbcodeend"
+_CODE_MARKS = re.compile(rf"(?:^[ \t]*(?:[-*+>][ \t]+)*)?({_CODE_MARK}|{_SYNOPSIS_MARK}|{_CODE_END})",
+                         re.MULTILINE)
+#: How a fence opens a synopsis (a fence's info string names its content's kind).
+SYNOPSIS_FENCE = "```synopsis"
 _PERMALINK_MARKS = {"", "¶", "#", "§", "🔗", "⚓"}
 _PERMALINK_WORDS = re.compile(r"permalink|permanent link|link to this|anchor|headerlink|id_link",
                               re.IGNORECASE)
@@ -125,6 +132,7 @@ def extract_html(html: str | bytes, *, url: str | None = None, title: str | None
             text, meta = None, None
     text = _MD_ESCAPE.sub(r"\1", text or "")
     text = _full_text(html) or text if len(text.strip()) < 20 else _restore_tables(text, tables)
+    text = _code_blocks(text)
     text = _tidy(_definitions(text))
     if not text:
         raise InvalidDocument("no text could be extracted from the page")
@@ -361,10 +369,80 @@ def _prepare_html(html: str) -> tuple[str, DeclaredTitles, list[PageTable]]:
             a.drop_tree()  # keeps its tail text
     for dt in tree.xpath("//dt[@id]"):
         _qualify_signature(dt)
-    for el, mark in [(dt, _TERM_MARK) for dt in tree.xpath("//dt")] + [
-            (dd, _DESC_MARK) for dd in tree.xpath("//dd")]:
+    _mark_code_blocks(tree)
+    terms = [dt for dt in tree.xpath("//dt") if not _is_reference(dt)]
+    held = set(terms)
+    for el, mark in [(dt, _TERM_MARK) for dt in terms] + [
+            (dd, _DESC_MARK) for dd in tree.xpath("//dd")
+            if next(iter(dd.xpath("preceding-sibling::dt[1]")), None) in held]:
         el.text = f"{mark} {el.text or ''}"
     return lxml.html.tostring(tree, encoding="unicode"), declared, _page_tables(tree)
+
+
+def _one_line(text: str | None) -> str | None:
+    return " ".join(text.split()) if text and "\n" in text else text
+
+
+def _mark_code_blocks(tree) -> None:
+    """Every ``pre`` of the page marked where it opens and closes; inline code on one line.
+
+    trafilatura fences some ``pre`` blocks and not others, and writes an inline ``<code>``
+    whose text wraps a source line as a block opened at the end of a prose line (280 of the
+    PostgreSQL manual's 1,168 pages): read by its fences, what follows such a stray fence
+    would be code. The page's own structure says what is code; ``_code_blocks`` writes the
+    marks back as the only fences. A ``pre`` in a table cell is inline code of its row.
+    """
+    for code in tree.xpath("//code[not(ancestor::pre)] | //table//pre"):
+        if code.tag == "pre":
+            code.tag = "code"
+        for node in code.iter():
+            node.text = _one_line(node.text)
+            if node is not code:
+                node.tail = _one_line(node.tail)
+    for pre in tree.xpath("//pre[not(ancestor::pre)]"):
+        synopsis = "synopsis" in (pre.get("class") or "").split()
+        pre.text = f"{_SYNOPSIS_MARK if synopsis else _CODE_MARK}\n{pre.text or ''}"
+        if len(pre):
+            pre[-1].tail = f"{pre[-1].tail or ''}\n{_CODE_END}"
+        else:
+            pre.text += f"\n{_CODE_END}"
+
+
+def _code_blocks(text: str) -> str:
+    """The code marks of ``_mark_code_blocks`` as fences (a synopsis's with its info string), and
+    no other fence: the extractor's own are left out, as they mark its guesses.
+
+    Each block stands as a paragraph of its own, so the chunker reads where it opens.
+    """
+    out: list[str] = []
+    inside = False
+    for part in _CODE_MARKS.split(text):
+        if part in (_CODE_MARK, _SYNOPSIS_MARK):
+            if inside:  # a block whose end the extractor lost ends where the next one opens
+                out.append("\n```\n\n")
+            out.append(f"\n\n{SYNOPSIS_FENCE if part == _SYNOPSIS_MARK else '```'}\n")
+            inside = True
+        elif part == _CODE_END:
+            if inside:
+                out.append("\n```\n\n")
+            inside = False
+        elif inside:
+            lines = part.strip("\n").split("\n")
+            out.append("\n".join(line for line in lines if not line.strip().startswith("```")))
+        else:
+            out.append(part.replace("```", ""))
+    return "".join(out) + ("\n```" if inside else "")
+
+
+def _is_reference(dt) -> bool:
+    """A definition term that is only a link to another page (``<a class="xref"
+    href="runtime-config-resource.html#…">maintenance_work_mem</a>`` in GIN's tips): the
+    name is defined there, and this list only points to it, so it is no term of its own.
+    (A table of contents' entries, links without a description, are left as they are.)"""
+    described = dt.getnext() is not None and dt.getnext().tag == "dd"  # not a contents entry
+    links = [a for a in dt.xpath(".//a[@href]") if not (a.get("href") or "").startswith("#")]
+    text = " ".join(dt.text_content().split())
+    return described and bool(links) and text == " ".join(" ".join(a.text_content() for a in links).split())
 
 
 def _definitions(text: str) -> str:
