@@ -134,7 +134,8 @@ def throughput(corpus: str, docs: int, pages: int, rounds: int, engines: list[st
         for r in range(rounds):
             stores = []
             for j, name in enumerate(jobs):
-                store = Store(Settings.from_env({**os.environ, "LOCALKB_HOME": str(Path(tmp) / f"data{r}-{j}")}))
+                home = Path(tmp) / f"data{r}-{j}"
+                store = Store(Settings.from_env({**os.environ, "LOCALKB_HOME": str(home)}))
                 store.create_kb("bench", keyword_engine=engines[j] if engines else None)
                 stores.append((name, store, store.open_kb("bench")))
             for _, _, kb in stores:
@@ -160,11 +161,11 @@ def throughput(corpus: str, docs: int, pages: int, rounds: int, engines: list[st
                         "SELECT s.title, c.text FROM chunks c JOIN sources s ON s.id = c.source_id "
                         "ORDER BY s.key, c.idx").fetchall()
                     texts = [passage_text(t, x) for t, x in rows]
-                    lengths = [len(e.ids) for e in embedder.tokenizer.encode_batch(texts)]
+                    lengths = [len(e.ids) for e in kb.embedder.tokenizer.encode_batch(texts)]
                     tokens = sum(lengths)
                 assert report.totals()["added"] == len(texts), report.totals()
 
-            def bare(name: str) -> None:
+            def bare(name: str, embedder=embedder) -> None:
                 parts = ([texts] if name == "sorted" else
                          _windows(texts, lengths, pipeline_mod.EMBED_WINDOW))
                 work: dict = {}
