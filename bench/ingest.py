@@ -2,6 +2,7 @@
 
     python bench/ingest.py                      # throughput: 40 Python library pages, 3 rounds
     python bench/ingest.py --pages 20 --rounds 3
+    python bench/ingest.py --pages 40 --rounds 3 --keyword-engine whoosh tantivy   # the job per engine
     python bench/ingest.py --corpus scifact --docs 600
     python bench/ingest.py --big-text-mb 30     # peak RSS adding a generated 30 MB text file
     python bench/ingest.py --pdf-pages 1000     # peak RSS adding a generated 1,000-page PDF
@@ -62,6 +63,7 @@ from localkb.config import Settings
 from localkb.ingest import pipeline as pipeline_mod
 from localkb.ingest.chunk import passage_text
 from localkb.ingest.pipeline import add_paths
+from localkb.store import keyword_engine
 from localkb.store.kb import Store
 
 PYTHON_DOCS = Path("/usr/share/doc/python3.11/html/library")
@@ -108,38 +110,52 @@ def _windows(texts: list[str], lengths: list[int], window: int) -> list[list[str
     return [w for w in out if w]
 
 
-def throughput(corpus: str, docs: int, pages: int, rounds: int) -> None:
+def throughput(corpus: str, docs: int, pages: int, rounds: int, engines: list[str] | None = None) -> None:
     if corpus == "python-docs" and not PYTHON_DOCS.is_dir():
         print(f"throughput: {PYTHON_DOCS} is not installed (Debian's python3.11-doc); --corpus scifact")
         return
+    # One job per keyword engine asked for (None: the knowledge base's default, ``auto``), each
+    # in its own fresh store, interleaved with the bare model within every round.
+    jobs = [f"job {e}" for e in engines] if engines else ["job"]
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "corpus"
         described = _corpus(folder, corpus, docs, pages)
-        secs: dict[str, list[float]] = {"job": [], "same": [], "sorted": []}
-        cpu: dict[str, list[float]] = {"job": [], "same": [], "sorted": []}
-        padded: dict[str, list[float]] = {"job": [], "same": [], "sorted": []}
-        waits: list[dict] = []
+        names = [*jobs, "same", "sorted"]
+        secs: dict[str, list[float]] = {n: [] for n in names}
+        cpu: dict[str, list[float]] = {n: [] for n in names}
+        padded: dict[str, list[float]] = {n: [] for n in names}
+        waits: dict[str, list[dict]] = {n: [] for n in jobs}
+        used: dict[str, str] = {}
         texts: list[str] = []
         lengths: list[int] = []
         tokens = 0
         variant = None
+        embedder = None
         for r in range(rounds):
-            store = Store(Settings.from_env({**os.environ, "LOCALKB_HOME": str(Path(tmp) / f"data{r}")}))
-            store.create_kb("bench")
-            kb = store.open_kb("bench")
-            kb.embedder.load()
-            kb.embedder.embed(["warm up the session"] * 8)
-            variant = kb.embedder.describe()["variant"]
+            stores = []
+            for j, name in enumerate(jobs):
+                home = Path(tmp) / f"data{r}-{j}"
+                store = Store(Settings.from_env({**os.environ, "LOCALKB_HOME": str(home)}))
+                store.create_kb("bench", keyword_engine=engines[j] if engines else None)
+                stores.append((name, store, store.open_kb("bench")))
+            for _, _, kb in stores:
+                if embedder is not None:
+                    kb._embedder = embedder  # one loaded model for every side of every round
+                kb.embedder.load()
+                embedder = kb.embedder
+            embedder.embed(["warm up the session"] * 8)
+            variant = embedder.describe()["variant"]
 
-            def job(kb=kb, store=store) -> None:
+            def job(name: str, kb, store) -> None:
                 nonlocal texts, lengths, tokens
                 t0, c0 = time.perf_counter(), _cpu()
                 report = add_paths(kb, [str(folder)])
-                secs["job"].append(time.perf_counter() - t0)
-                cpu["job"].append(_cpu() - c0)
-                waits.append(report.timings)
+                secs[name].append(time.perf_counter() - t0)
+                cpu[name].append(_cpu() - c0)
+                waits[name].append(report.timings)
+                used[name] = store.resolve("bench").keyword_engine
                 work = report.timings["model"]
-                padded["job"].append(work["padded_tokens"] / work["tokens"] - 1)
+                padded[name].append(work["padded_tokens"] / work["tokens"] - 1)
                 if not texts:
                     rows = store.catalog.db.execute(
                         "SELECT s.title, c.text FROM chunks c JOIN sources s ON s.id = c.source_id "
@@ -147,58 +163,69 @@ def throughput(corpus: str, docs: int, pages: int, rounds: int) -> None:
                     texts = [passage_text(t, x) for t, x in rows]
                     lengths = [len(e.ids) for e in kb.embedder.tokenizer.encode_batch(texts)]
                     tokens = sum(lengths)
-                    assert report.totals()["added"] == len(texts), report.totals()
+                assert report.totals()["added"] == len(texts), report.totals()
 
-            def bare(name: str, kb=kb) -> None:
+            def bare(name: str, embedder=embedder) -> None:
                 parts = ([texts] if name == "sorted" else
                          _windows(texts, lengths, pipeline_mod.EMBED_WINDOW))
                 work: dict = {}
                 t0, c0 = time.perf_counter(), _cpu()
                 for part in parts:
-                    kb.embedder.embed(part, work=work)
+                    embedder.embed(part, work=work)
                 secs[name].append(time.perf_counter() - t0)
                 cpu[name].append(_cpu() - c0)
                 padded[name].append(work["padded_tokens"] / work["tokens"] - 1)
 
-            steps = [job, lambda: bare("same"), lambda: bare("sorted")]
-            for step in rotated(steps, r) if texts else steps:  # the job first once: its passages
+            steps = [(lambda n=n, kb=kb, s=s: job(n, kb, s)) for n, s, kb in stores]
+            steps += [lambda: bare("same"), lambda: bare("sorted")]
+            for step in rotated(steps, r) if texts else steps:  # a job first once: its passages
                 step()
-            store.close()
-        same = [b / j for b, j in zip(secs["same"], secs["job"], strict=True)]
-        one = [b / j for b, j in zip(secs["sorted"], secs["job"], strict=True)]
+            for _, store, _ in stores:
+                store.close()
         print(f"throughput: {described} -> {len(texts):,} passages, {tokens:,} model tokens; "
-              f"model {variant}; {rounds} rounds, the three interleaved with the order rotating; "
+              f"model {variant}; {rounds} rounds, the {len(names)} interleaved with the order rotating; "
               f"load average {os.getloadavg()[0]:.1f}")
         print(f"{'':34} {'min/median/max':>26}")
-        row("job seconds (add_paths)", secs["job"])
+        for name in jobs:
+            row(f"{name} seconds (add_paths)", secs[name], f"   (keyword index: {used[name]})")
         row("bare seconds, same batching", secs["same"])
         row("bare seconds, one sort", secs["sorted"])
-        row("job tokens/s", [tokens / s for s in secs["job"]])
         row("bare tokens/s, same batching", [tokens / s for s in secs["same"]])
-        row("job / bare, same batching", same, "   (target >= 0.85)")
-        row("job / bare, one sort", one)
-        row("CPU s: job", cpu["job"])
-        row("CPU s: bare, same batching", cpu["same"])
-        row("CPU bare (same) / job", [b / j for b, j in zip(cpu["same"], cpu["job"], strict=True)],
-            "   (the work besides the model; load does not move it)")
-        # Where the job's CPU went: its reader and committer threads time themselves; the rest
-        # is the writer thread and the model's own threads (onnxruntime's pool, the tokenizer).
-        read = [w["read_cpu_s"] for w in waits]
-        commit = [w["commit_cpu_s"] for w in waits]
-        rest = [c - r - m for c, r, m in zip(cpu["job"], read, commit, strict=True)]
-        row("CPU s: job reader thread", read, "   (walk, fingerprints, extraction, chunking)")
-        row("CPU s: job committer thread", commit, "   (catalogue, keyword and vector index writes)")
-        row("CPU s: job model + writer", rest)
-        row("CPU model + writer / bare (same)", [r / b for r, b in zip(rest, cpu["same"], strict=True)],
-            "   (the model slowed by the threads beside it)")
-        row("padding: job", padded["job"], "   (padded tokens / tokens - 1)")
+        for name in jobs:
+            print(f"-- {name} (keyword index {used[name]})")
+            same = [b / j for b, j in zip(secs["same"], secs[name], strict=True)]
+            row("job tokens/s", [tokens / s for s in secs[name]])
+            row("job / bare, same batching", same, "   (target >= 0.85)")
+            row("job / bare, one sort", [b / j for b, j in zip(secs["sorted"], secs[name], strict=True)])
+            row("CPU s: job", cpu[name])
+            row("CPU bare (same) / job", [b / j for b, j in zip(cpu["same"], cpu[name], strict=True)],
+                "   (the work besides the model; load does not move it)")
+            # Where the job's CPU went: its reader and committer threads time themselves; the rest
+            # is the writer thread and the model's own threads (onnxruntime's pool, the tokenizer).
+            read = [w["read_cpu_s"] for w in waits[name]]
+            commit = [w["commit_cpu_s"] for w in waits[name]]
+            rest = [c - r - m for c, r, m in zip(cpu[name], read, commit, strict=True)]
+            row("CPU s: job reader thread", read, "   (walk, fingerprints, extraction, chunking)")
+            row("CPU s: job committer thread", commit, "   (catalogue, keyword and vector index writes)")
+            row("CPU s: job model + writer", rest)
+            row("CPU model + writer / bare (same)", [r / b for r, b in zip(rest, cpu["same"], strict=True)],
+                "   (the model slowed by the threads beside it)")
+            row("padding: job", padded[name], "   (padded tokens / tokens - 1)")
+            for key in ("wait_s", "embed_s", "write_s", "commit_wait_s"):
+                row("job " + key, [w[key] for w in waits[name]])
+            print("rounds (job/same/one sort): " + ", ".join(
+                f"{j:.1f}s/{a:.1f}s/{b:.1f}s = {a / j:.2f}" for j, a, b in
+                zip(secs[name], secs["same"], secs["sorted"], strict=True)))
+        print(f"{'CPU s: bare, same batching':34} {spread(cpu['same']):>26}")
         row("padding: bare, same batching", padded["same"])
         row("padding: bare, one sort", padded["sorted"])
-        for key in ("wait_s", "embed_s", "write_s", "commit_wait_s"):
-            row("job " + key, [w[key] for w in waits])
-        print("rounds (job/same/one sort): " + ", ".join(
-            f"{j:.1f}s/{a:.1f}s/{b:.1f}s = {x:.2f}" for j, a, b, x in
-            zip(secs["job"], secs["same"], secs["sorted"], same, strict=True)))
+        if len(jobs) == 2:
+            a, b = jobs
+            print(f"-- {a} against {b}, per round")
+            row(f"seconds {a} / {b}", [x / y for x, y in zip(secs[a], secs[b], strict=True)])
+            row(f"CPU {a} / {b}", [x / y for x, y in zip(cpu[a], cpu[b], strict=True)])
+            row(f"committer CPU {a} / {b}", [x["commit_cpu_s"] / y["commit_cpu_s"]
+                                            for x, y in zip(waits[a], waits[b], strict=True)])
 
 
 _PEAK = ("import sys, time; sys.path.insert(0, sys.argv[2]); from _common import peak_rss_mb; "
@@ -297,6 +324,9 @@ def main() -> None:
     ap.add_argument("--big-model", default="all-MiniLM-L6-v2",
                     help="model of the big-file and Python-docs cases (hashing-256: the same streaming "
                          "and unchanged path without the model's time, for a loaded machine)")
+    ap.add_argument("--keyword-engine", nargs="+", choices=keyword_engine.CHOICES, default=None,
+                    help="the throughput job once per engine named, interleaved (default: the knowledge "
+                         "base's default, auto); e.g. --keyword-engine whoosh tantivy")
     ap.add_argument("--no-throughput", action="store_true")
     ap.add_argument("--all", action="store_true")
     args = ap.parse_args()
@@ -305,7 +335,7 @@ def main() -> None:
         args.pdf_pages = args.pdf_pages or 1000
         args.python_docs = True
     if not args.no_throughput:
-        throughput(args.corpus, args.docs, args.pages, args.rounds)
+        throughput(args.corpus, args.docs, args.pages, args.rounds, args.keyword_engine)
     if args.pdf_pages:
         big_pdf(args.pdf_pages, args.big_model)
     if args.big_text_mb:

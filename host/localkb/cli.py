@@ -925,7 +925,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--privacy", choices=["device", "cloud"], default="device")
     c.add_argument("--model", default=None, help="embedding model id (default all-MiniLM-L6-v2)")
     c.add_argument("--keyword-engine", choices=["auto", "whoosh", "tantivy"], default=None,
-                   help="keyword index engine (default auto: Whoosh, tantivy from 5,000 passages)")
+                   help="keyword index engine (default auto: tantivy; whoosh pins Whoosh)")
     c.set_defaults(func=cmd_kb_create)
     c = kbs.add_parser("list", parents=[common], help="list knowledge bases with counts")
     c.set_defaults(func=cmd_kb_list)

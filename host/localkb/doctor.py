@@ -1,4 +1,4 @@
-"""Checks that the store and the model are whole: counts agree across SQLite, usearch and Whoosh."""
+"""Checks that the store and the model are whole: counts agree across SQLite, usearch and keywords."""
 
 from __future__ import annotations
 
