@@ -216,7 +216,7 @@ def throughput(corpus: str, docs: int, pages: int, rounds: int, engines: list[st
             print("rounds (job/same/one sort): " + ", ".join(
                 f"{j:.1f}s/{a:.1f}s/{b:.1f}s = {a / j:.2f}" for j, a, b in
                 zip(secs[name], secs["same"], secs["sorted"], strict=True)))
-        print(f"{'CPU s: bare, same batching':34} {spread(cpu['same']):>26}")
+        row("CPU s: bare, same batching", cpu["same"])
         row("padding: bare, same batching", padded["same"])
         row("padding: bare, one sort", padded["sorted"])
         if len(jobs) == 2:

@@ -44,6 +44,7 @@ document built from the passage index would hold).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import re
 import sqlite3
@@ -214,13 +215,9 @@ def hybrid_with_page_lists(args) -> None:
     base: dict[str, np.ndarray] = {}
     print(f"{'variant':32s} {'mode':8s} ndcg@10  95% CI        paired with today")
     for name, patch in variants:
-        if patch is None:
+        with patch or contextlib.nullcontext():
             res = run_eval(args.set, modes=("hybrid", "keyword"), split=args.split,
                            index_dir=args.index_dir, per_query=True)
-        else:
-            with patch:
-                res = run_eval(args.set, modes=("hybrid", "keyword"), split=args.split,
-                               index_dir=args.index_dir, per_query=True)
         for mode in ("hybrid", "keyword"):
             nd = np.array(res["per_query_ndcg"][mode])
             lo, hi = bootstrap_ci(list(nd))

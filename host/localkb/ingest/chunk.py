@@ -88,7 +88,7 @@ def defining_spans_ranked(title: str | None, body: str) -> list[tuple[str, int]]
     in_code = synopsis = False
     for i, line in enumerate(lines):
         text = line.strip()
-        if text.startswith("```"):
+        if text.startswith(_FENCE):
             in_code = not in_code
             synopsis = in_code and text == SYNOPSIS_FENCE
             continue
