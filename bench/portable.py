@@ -3,6 +3,7 @@
     python bench/portable.py [--chunks 5000] [--model all-MiniLM-L6-v2]
     python bench/portable.py --random-vectors --chunks 30000 --compare OTHER_CHECKOUT [--repeat 3]
     python bench/portable.py --chunks 10000 --real-vectors-from KB_DIR/vectors-<model>.usearch [--repeat 3]
+    python bench/portable.py --chunks 10000 --compare OTHER_CHECKOUT --archive /tmp/bench.awkb
 
 Builds a knowledge base in a temporary data dir by importing generated passages
 (real vectors from the chosen model), then times export and import and prints
@@ -179,6 +180,9 @@ def main() -> int:
     ap.add_argument("--compare", type=Path, help="another checkout: its import, interleaved with this one's")
     ap.add_argument("--real-vectors-from", type=Path,
                     help="a vector index: import its real vectors and random ones, interleaved")
+    ap.add_argument("--archive", type=Path,
+                    help="with --compare: import this file if it exists, else write the generated one "
+                         "there (so repeated comparisons embed the passages once)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Settings.from_env({**os.environ, "LOCALKB_HOME": tmp,
@@ -193,10 +197,16 @@ def main() -> int:
             store.close()
             return 0
         t = time.perf_counter()
-        seed_file = generated(store, args.model, args.chunks, random_vectors=args.random_vectors)
-        kind = "random unit vectors" if args.random_vectors else args.model
-        print(f"generated {args.chunks} chunks ({kind}) in {time.perf_counter() - t:.1f} s; "
-              f"keyword engine {args.keyword_engine}")
+        if args.archive and args.archive.exists():
+            seed_file = args.archive.read_bytes()
+            print(f"archive {args.archive} (generated earlier)")
+        else:
+            seed_file = generated(store, args.model, args.chunks, random_vectors=args.random_vectors)
+            kind = "random unit vectors" if args.random_vectors else args.model
+            print(f"generated {args.chunks} chunks ({kind}) in {time.perf_counter() - t:.1f} s; "
+                  f"keyword engine {args.keyword_engine}")
+            if args.archive:
+                args.archive.write_bytes(seed_file)
         if args.compare:
             print(f"file: {len(seed_file):,} bytes, {len(gzip.decompress(seed_file)) / 1e6:.1f} MB of JSON")
             compare(seed_file, args.compare, args.repeat)
