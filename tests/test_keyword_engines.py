@@ -12,8 +12,7 @@ from localkb.doctor import doctor
 from localkb.ingest.extract import extract_text
 from localkb.ingest.pipeline import add_document
 from localkb.retrieval.search import Searcher
-from localkb.store import keyword_engine
-from localkb.store import analysis
+from localkb.store import analysis, keyword_engine
 from localkb.store.analysis import analyze, query_terms
 from localkb.store.tantivy_index import pre_tokenized
 

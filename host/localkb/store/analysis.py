@@ -173,11 +173,11 @@ def token_terms(token: str) -> tuple[tuple[tuple[str, int], ...], int]:
 #: offset 0, width 1: most tokens) as the bare string, a stopword as None, anything else as
 #: ``(terms, width)``. A plain dict, emptied when full: a lookup costs less than an lru_cache
 #: call and its tuple unpacking, which was a third of an import's analysis.
-_ANALYZED: dict[str, str | None | tuple[tuple[tuple[str, int], ...], int]] = {}
+_ANALYZED: dict[str, str | tuple[tuple[tuple[str, int], ...], int] | None] = {}
 _ANALYZED_MAX = 200_000
 
 
-def _analyzed(token: str) -> str | None | tuple[tuple[tuple[str, int], ...], int]:
+def _analyzed(token: str) -> str | tuple[tuple[tuple[str, int], ...], int] | None:
     terms, width = token_terms(token)
     if not terms and width == 1:
         entry = None
