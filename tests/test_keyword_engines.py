@@ -73,6 +73,8 @@ _VARIED = [
     "",
     "   ",
     "ǅungla ﬁnance Ⅻ ²³ ½ ٣٤ 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 emoji🙂word tab\tseparated\nlines",
+    "no\u00a0break\u2028line\u200bzero\u3000wide\x1cfile\x85next_\u2009thin a_b.c-d 123abc ab12_",
+    "under_score __init__ _ __ a_ _a x-y- -x .x x. x..y x.-y 'quoted' ’curly’ v1. 1.2. ..",
 ]
 
 
@@ -80,8 +82,20 @@ def test_analyze_gives_exactly_the_terms_and_positions_it_gave_before_it_was_opt
     texts = _VARIED + [text for _, text in _passages()]
     texts += [" ".join(texts)]  # long text: positions far from 0, tokens repeated
     for text in texts:
+        assert analysis.tokens(text) == analysis.TOKEN.findall(text), text[:80]
         assert analyze(text) == _analyze_before(text), text[:80]
         assert analyze(text) == _analyze_before(text), text[:80]  # from the cache this time
+
+
+def test_tokens_are_the_token_patterns_matches_on_random_text():
+    import random
+
+    rng = random.Random(18)
+    alphabet = "aZ9_-./:'’ \t\n\u00a0\u2028\u200b\x1c,;()é東²½Ⅻ🙂ǅ"
+    for _ in range(3000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        assert analysis.tokens(text) == analysis.TOKEN.findall(text), repr(text)
+        assert analyze(text) == _analyze_before(text), repr(text)
 
 
 def test_analyze_is_unchanged_when_its_cache_fills(monkeypatch):

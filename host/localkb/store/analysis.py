@@ -191,13 +191,30 @@ def _analyzed(token: str) -> str | tuple[tuple[tuple[str, int], ...], int] | Non
     return entry
 
 
+def tokens(text: str) -> list[str]:
+    """``TOKEN.findall(text)``, 2-3x faster on prose.
+
+    No token spans white space (``\\w`` and the joiners hold none), so the text is split on it
+    first, and a piece that is all word characters but ``_`` (``str.isalnum``: what ``\\w``
+    matches, less the underscore) is one token whole; only the other pieces go to the regex.
+    """
+    out: list[str] = []
+    append, extend, findall = out.append, out.extend, TOKEN.findall
+    for piece in text.split():
+        if piece.isalnum():
+            append(piece)
+        else:
+            extend(findall(piece))
+    return out
+
+
 def analyze(text: str) -> list[tuple[str, int]]:
     """Every ``(term, position)`` a text is indexed under, in order."""
     out: list[tuple[str, int]] = []
     append = out.append
     get = _ANALYZED.get
     pos = 0
-    for token in TOKEN.findall(text):
+    for token in tokens(text):
         entry = get(token, _ANALYZED)  # the dict itself marks "not seen": None is a stopword
         if entry is _ANALYZED:
             entry = _analyzed(token)
