@@ -3,6 +3,7 @@
     python bench/portable.py [--chunks 5000] [--model all-MiniLM-L6-v2]
     python bench/portable.py --random-vectors --chunks 30000 --compare OTHER_CHECKOUT [--repeat 3]
     python bench/portable.py --chunks 10000 --real-vectors-from KB_DIR/vectors-<model>.usearch [--repeat 3]
+    python bench/portable.py --chunks 10000 --compare OTHER_CHECKOUT --archive /tmp/bench.awkb
 
 Builds a knowledge base in a temporary data dir by importing generated passages
 (real vectors from the chosen model), then times export and import and prints
@@ -50,21 +51,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import rotated, spread
 
 _TIMED = ("import sys, time\nfrom localkb.cli import main\nt = time.perf_counter()\n"
-          "rc = main(['import', sys.argv[1], '--json'])\nsecs = time.perf_counter() - t\n"
+          "c = time.process_time()\nrc = main(['import', sys.argv[1], '--json'])\n"
+          "secs = time.perf_counter() - t\ncpu = time.process_time() - c\n"
           "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM:')][0].split()[1]\n"
-          "print('TIMED', secs, int(hwm) / 1024, file=sys.stderr)\nsys.exit(rc)\n")
+          "print('TIMED', secs, int(hwm) / 1024, cpu, file=sys.stderr)\nsys.exit(rc)\n")
 
 
-def timed_import(host: Path, path: Path, home: Path) -> tuple[float, float]:
-    """Seconds of one ``localkb import`` (the call, not the process start) and its peak RSS in MiB."""
+def timed_import(host: Path, path: Path, home: Path) -> tuple[float, float, float]:
+    """Seconds of one ``localkb import`` (the call, not the process start), its peak RSS in MiB,
+    and the CPU seconds of all its threads in the call (less moved by other load than the wall time)."""
     env = {**os.environ, "LOCALKB_HOME": str(home), "PYTHONPATH": str(host)}
     res = subprocess.run([sys.executable, "-c", _TIMED, str(path)], capture_output=True, text=True,
                          env=env, check=False)
     line = [x for x in res.stderr.splitlines() if x.startswith("TIMED ")]
     if res.returncode != 0 or not line:
         raise SystemExit(f"import with {host} failed: {res.stderr[-500:]}")
-    secs, peak = line[0].split()[1:]
-    return float(secs), float(peak)
+    secs, peak, cpu = line[0].split()[1:]
+    return float(secs), float(peak), float(cpu)
 
 
 def real_vectors(path: Path, n: int, dim: int) -> np.ndarray:
@@ -82,7 +85,7 @@ def real_vectors(path: Path, n: int, dim: int) -> np.ndarray:
 
 def compare_vectors(files: dict[str, bytes], rounds: int) -> None:
     here = Path(__file__).resolve().parents[1] / "host"
-    got: dict[str, list[tuple[float, float]]] = {k: [] for k in files}
+    got: dict[str, list[tuple[float, float, float]]] = {k: [] for k in files}
     with tempfile.TemporaryDirectory() as tmp:
         for name, data in files.items():
             (Path(tmp) / f"{name}.awkb").write_bytes(data)
@@ -92,8 +95,9 @@ def compare_vectors(files: dict[str, bytes], rounds: int) -> None:
                 got[name].append(timed_import(here, Path(tmp) / f"{name}.awkb", home))
     for name, runs in got.items():
         mb = len(files[name]) / 1e6
-        print(f"import, {name} vectors ({mb:.1f} MB file): MB/s {spread([mb / s for s, _ in runs])}, "
-              f"seconds {spread([s for s, _ in runs])}, peak RSS MiB {spread([p for _, p in runs], '.0f')}")
+        print(f"import, {name} vectors ({mb:.1f} MB file): MB/s {spread([mb / s for s, _, _ in runs])}, "
+              f"seconds {spread([s for s, _, _ in runs])}, "
+              f"peak RSS MiB {spread([p for _, p, _ in runs], '.0f')}")
     ratio = [a[0] / b[0] for a, b in zip(got["random"], got["real"], strict=True)]
     print(f"import seconds random/real per round min/med/max {spread(ratio)} over {rounds} rounds")
 
@@ -102,7 +106,7 @@ def compare(data: bytes, other: Path, rounds: int) -> None:
     here = Path(__file__).resolve().parents[1] / "host"
     hosts = {"this": here, "other": other / "host"}
     mb = len(data) / 1e6
-    got: dict[str, list[tuple[float, float]]] = {k: [] for k in hosts}
+    got: dict[str, list[tuple[float, float, float]]] = {k: [] for k in hosts}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.awkb"
         path.write_bytes(data)
@@ -110,10 +114,14 @@ def compare(data: bytes, other: Path, rounds: int) -> None:
             for name in rotated(list(hosts), r):
                 got[name].append(timed_import(hosts[name], path, Path(tmp) / f"home-{name}-{r}"))
     for name, runs in got.items():
-        print(f"import ({name}: {hosts[name]}): MB/s {spread([mb / s for s, _ in runs])}, "
-              f"seconds {spread([s for s, _ in runs])}, peak RSS MiB {spread([p for _, p in runs], '.0f')}")
+        print(f"import ({name}: {hosts[name]}): MB/s {spread([mb / s for s, _, _ in runs])}, "
+              f"seconds {spread([s for s, _, _ in runs])}, CPU seconds {spread([c for _, _, c in runs])}, "
+              f"peak RSS MiB {spread([p for _, p, _ in runs], '.0f')}")
     ratio = [o[0] / t[0] for t, o in zip(got["this"], got["other"], strict=True)]
     print(f"import speed this/other per round min/med/max {spread(ratio)} over {rounds} rounds")
+    ratio = [o[2] / t[2] for t, o in zip(got["this"], got["other"], strict=True)]
+    print(f"import CPU other/this per round min/med/max {spread(ratio)}; load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end")
 
 WORDS = ("the of and a to in is was for on that with as by at from his her it an were are which "
          "river mill engine valve harbour garden letter winter market bridge signal copper "
@@ -179,6 +187,9 @@ def main() -> int:
     ap.add_argument("--compare", type=Path, help="another checkout: its import, interleaved with this one's")
     ap.add_argument("--real-vectors-from", type=Path,
                     help="a vector index: import its real vectors and random ones, interleaved")
+    ap.add_argument("--archive", type=Path,
+                    help="with --compare: import this file if it exists, else write the generated one "
+                         "there (so repeated comparisons embed the passages once)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Settings.from_env({**os.environ, "LOCALKB_HOME": tmp,
@@ -193,10 +204,16 @@ def main() -> int:
             store.close()
             return 0
         t = time.perf_counter()
-        seed_file = generated(store, args.model, args.chunks, random_vectors=args.random_vectors)
-        kind = "random unit vectors" if args.random_vectors else args.model
-        print(f"generated {args.chunks} chunks ({kind}) in {time.perf_counter() - t:.1f} s; "
-              f"keyword engine {args.keyword_engine}")
+        if args.archive and args.archive.exists():
+            seed_file = args.archive.read_bytes()
+            print(f"archive {args.archive} (generated earlier)")
+        else:
+            seed_file = generated(store, args.model, args.chunks, random_vectors=args.random_vectors)
+            kind = "random unit vectors" if args.random_vectors else args.model
+            print(f"generated {args.chunks} chunks ({kind}) in {time.perf_counter() - t:.1f} s; "
+                  f"keyword engine {args.keyword_engine}")
+            if args.archive:
+                args.archive.write_bytes(seed_file)
         if args.compare:
             print(f"file: {len(seed_file):,} bytes, {len(gzip.decompress(seed_file)) / 1e6:.1f} MB of JSON")
             compare(seed_file, args.compare, args.repeat)

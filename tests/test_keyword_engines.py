@@ -12,7 +12,7 @@ from localkb.doctor import doctor
 from localkb.ingest.extract import extract_text
 from localkb.ingest.pipeline import add_document
 from localkb.retrieval.search import Searcher
-from localkb.store import keyword_engine
+from localkb.store import analysis, keyword_engine
 from localkb.store.analysis import analyze, query_terms
 from localkb.store.tantivy_index import pre_tokenized
 
@@ -48,6 +48,62 @@ def both(tmp_path_factory):
     yield out
     for ki in out.values():
         ki.close()
+
+
+def _analyze_before(text: str) -> list[tuple[str, int]]:
+    """``analyze`` as it was before its loop was optimised: the oracle its output is pinned to."""
+    out: list[tuple[str, int]] = []
+    pos = 0
+    for token in analysis.TOKEN.findall(text):
+        terms, width = analysis.token_terms(token)
+        out.extend((t, pos + off) for t, off in terms)
+        pos += width
+    return out
+
+
+_VARIED = [
+    "Call asyncio.Task.done() after os.replace(src, dst); see ERR_4521, not ERR_4512.",
+    "Upgrade from v2.3 to V2.3.1 (version 2.3 is gone); 10.0.0.1 is not a version, 3.14 may be.",
+    "getElementById, PQbackendPID, mRNA, siRNA and PYTHONHASHSEED are names; e-mail is a word.",
+    "Le café était très bon, und die Straße heißt Müllerstraße. Ça va? Naïve façade, œuvre.",
+    "Paths: /usr/local/lib/python3.11/site-packages/numpy/__init__.py and https://x.org/a/b/c/d/e/f/g",
+    "SKU-88-A, il-6, p53-dependent, rock'n'roll, it’s, don't, O'Brien — 東京 and Москва 2024.",
+    "The of and a to in is was: stopwords keep their positions; Task is done; the task_done flag.",
+    "pg_trgm.similarity_threshold = 0.3; x86_64; __dunder__; a__b; _lead; trail_; 1e-9; 0x1F.",
+    "",
+    "   ",
+    "ǅungla ﬁnance Ⅻ ²³ ½ ٣٤ 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 emoji🙂word tab\tseparated\nlines",
+    "no\u00a0break\u2028line\u200bzero\u3000wide\x1cfile\x85next_\u2009thin a_b.c-d 123abc ab12_",
+    "under_score __init__ _ __ a_ _a x-y- -x .x x. x..y x.-y 'quoted' ’curly’ v1. 1.2. ..",
+]
+
+
+def test_analyze_gives_exactly_the_terms_and_positions_it_gave_before_it_was_optimised():
+    texts = _VARIED + [text for _, text in _passages()]
+    texts += [" ".join(texts)]  # long text: positions far from 0, tokens repeated
+    for text in texts:
+        assert analysis.tokens(text) == analysis.TOKEN.findall(text), text[:80]
+        assert analyze(text) == _analyze_before(text), text[:80]
+        assert analyze(text) == _analyze_before(text), text[:80]  # from the cache this time
+
+
+def test_tokens_are_the_token_patterns_matches_on_random_text():
+    import random
+
+    rng = random.Random(18)
+    alphabet = "aZ9_-./:'’ \t\n\u00a0\u2028\u200b\x1c,;()é東²½Ⅻ🙂ǅ"
+    for _ in range(3000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        assert analysis.tokens(text) == analysis.TOKEN.findall(text), repr(text)
+        assert analyze(text) == _analyze_before(text), repr(text)
+
+
+def test_analyze_is_unchanged_when_its_cache_fills(monkeypatch):
+    monkeypatch.setattr(analysis, "_ANALYZED_MAX", 5)
+    monkeypatch.setattr(analysis, "_ANALYZED", {})
+    for text in _VARIED:
+        assert analyze(text) == _analyze_before(text)
+    assert len(analysis._ANALYZED) <= 5
 
 
 def test_tantivy_is_fed_exactly_our_terms_at_our_positions():
@@ -113,6 +169,20 @@ def test_every_engine_writes_a_stream_of_upserts(tmp_path: Path, engine: str):
     again = keyword_engine.load(engine, tmp_path / "kw")
     assert (again.generation, again.doc_count()) == (3, 49)
     again.close()
+
+
+def test_a_new_tantivy_index_keeps_the_last_of_an_id_written_twice_in_one_write(tmp_path: Path):
+    """A new index skips the delete before each passage, never for an id the write already added.
+
+    (As before that skip; Whoosh keeps both within one writer, as it always has.)
+    """
+    ki = keyword_engine.create("tantivy", tmp_path / "kw")
+    ki.write(iter([("c1", "first ERR_0001"), ("c2", "other ERR_0002"), ("c1", "second ERR_0003")]), [], 1)
+    assert ki.doc_count() == 2
+    assert ki.search(["err_0001"], 5) == [] and [h.chunk_id for h in ki.search(["err_0003"], 5)] == ["c1"]
+    ki.write(iter([("c2", "rewritten ERR_0004")]), [], 2)  # no longer new: the upsert replaces
+    assert ki.doc_count() == 2 and ki.search(["err_0002"], 5) == []
+    ki.close()
 
 
 def _fill(kb, n: int = 6) -> None:

@@ -509,3 +509,34 @@ def test_an_import_leaves_no_index_for_the_first_add_to_build(store):
     kb = store.open_kb(made.knowledge_base["id"])
     add_document(kb, extract_text("A first note after the import.", title="Note"), key="note:1")
     assert [tuple(r) for r in store.catalog.db.execute(schema)] == after_import
+
+
+def test_an_import_builds_both_indexes_at_the_catalogues_generation(store):
+    made = import_kb(store, io.BytesIO(_synthetic(300)))
+    kb = store.open_kb(made.knowledge_base["id"])
+    vi, ki = kb.indexes()
+    gen = store.catalog.generation(kb.id)
+    assert (vi.generation, ki.generation) == (gen, gen) and len(vi) == ki.doc_count() == 300
+    assert kb.health()["problems"] == []
+
+
+@pytest.mark.parametrize("side", ["graph", "keywords"])
+def test_an_index_build_that_fails_during_an_import_leaves_no_knowledge_base(store, monkeypatch, side):
+    """The graph builds on its own thread beside the keyword index: either failing still surfaces
+    as IndexUnavailable from the import, after both have stopped, and the name stays free."""
+    from localkb.errors import IndexUnavailable
+    from localkb.store.tantivy_index import TantivyIndex
+    from localkb.store.vectors import VectorIndex
+
+    def fail(*_args, **_kw):
+        raise IndexUnavailable(f"{side} build failed (test)")
+
+    monkeypatch.setattr(VectorIndex if side == "graph" else TantivyIndex,
+                        "build" if side == "graph" else "write", fail)
+    before = [r.id for r in store.kbs()]
+    with pytest.raises(IndexUnavailable, match=f"{side} build failed"):
+        import_kb(store, io.BytesIO(_synthetic(300)), name="Broken")
+    assert [r.id for r in store.kbs()] == before
+    monkeypatch.undo()
+    made = import_kb(store, io.BytesIO(_synthetic(300)), name="Broken")
+    assert made.chunks == 300

@@ -169,14 +169,65 @@ def token_terms(token: str) -> tuple[tuple[tuple[str, int], ...], int]:
     return tuple(terms), len(parts)
 
 
+#: ``token_terms`` of each token seen, shaped for ``analyze``'s loop: a plain term (one term at
+#: offset 0, width 1: most tokens) as the bare string, a stopword as None, anything else as
+#: ``(terms, width)``. A plain dict, emptied when full: a lookup costs less than an lru_cache
+#: call and its tuple unpacking, which was a third of an import's analysis.
+_ANALYZED: dict[str, str | tuple[tuple[tuple[str, int], ...], int] | None] = {}
+_ANALYZED_MAX = 200_000
+
+
+def _analyzed(token: str) -> str | tuple[tuple[tuple[str, int], ...], int] | None:
+    terms, width = token_terms(token)
+    if not terms and width == 1:
+        entry = None
+    elif width == 1 and len(terms) == 1 and terms[0][1] == 0:
+        entry = terms[0][0]
+    else:
+        entry = (terms, width)
+    if len(_ANALYZED) >= _ANALYZED_MAX:
+        _ANALYZED.clear()
+    _ANALYZED[token] = entry
+    return entry
+
+
+def tokens(text: str) -> list[str]:
+    """``TOKEN.findall(text)``, 2-3x faster on prose.
+
+    No token spans white space (``\\w`` and the joiners hold none), so the text is split on it
+    first, and a piece that is all word characters but ``_`` (``str.isalnum``: what ``\\w``
+    matches, less the underscore) is one token whole; only the other pieces go to the regex.
+    """
+    out: list[str] = []
+    append, extend, findall = out.append, out.extend, TOKEN.findall
+    for piece in text.split():
+        if piece.isalnum():
+            append(piece)
+        else:
+            extend(findall(piece))
+    return out
+
+
 def analyze(text: str) -> list[tuple[str, int]]:
     """Every ``(term, position)`` a text is indexed under, in order."""
     out: list[tuple[str, int]] = []
+    append = out.append
+    get = _ANALYZED.get
     pos = 0
-    for token in TOKEN.findall(text):
-        terms, width = token_terms(token)
-        out.extend((t, pos + off) for t, off in terms)
-        pos += width
+    for token in tokens(text):
+        entry = get(token, _ANALYZED)  # the dict itself marks "not seen": None is a stopword
+        if entry is _ANALYZED:
+            entry = _analyzed(token)
+        if entry.__class__ is str:
+            append((entry, pos))
+            pos += 1
+        elif entry is None:
+            pos += 1
+        else:
+            terms, width = entry
+            for t, off in terms:
+                append((t, pos + off))
+            pos += width
     return out
 
 

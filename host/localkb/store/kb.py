@@ -376,7 +376,10 @@ class KnowledgeBase(KnowledgeBaseHandle):
         ki = None
         if engine == self.record.keyword_engine:
             ki = _usable(lambda: keyword_engine_mod.load(engine, self.keyword_path), gen, pruned)
-        if vi is None:
+        if vi is None and ki is None:
+            vi, ki = self._rebuild_both(gen, engine)
+            done["vectors"] = done["keywords"] = "rebuilt"
+        elif vi is None:
             vi = self._rebuild_vectors(gen)
             done["vectors"] = "rebuilt"
         elif vi.generation < gen:
@@ -450,10 +453,48 @@ class KnowledgeBase(KnowledgeBaseHandle):
         if vi is not None:
             vi.save(gen)
 
+    def _rebuild_both(self, gen: int, engine: str) -> tuple[VectorIndex, KeywordEngine]:
+        """Both indexes from the catalogue at once: the graph on a thread, the keyword index here.
+
+        usearch builds the graph with the GIL released, so on a second core it costs the
+        rebuild (an import's first open) nothing but the keyword build beside it. The vectors
+        are read here first: the thread touches no SQLite connection. The price is holding
+        them (4 bytes a dimension each) and the graph through the keyword build. Both are
+        written at ``gen``; an error from either is raised once both have stopped (the keyword
+        build's if both fail), so nothing is still writing when the caller sees it.
+        """
+        keys, vecs = self._catalog_vectors()
+        vi = VectorIndex(self.vector_path, self.record.model, self.record.dim)
+        failed: list[BaseException] = []
+
+        def build() -> None:
+            try:
+                vi.build(keys, vecs, gen)
+            except BaseException as err:  # re-raised in the calling thread below
+                failed.append(err)
+
+        graph = threading.Thread(target=build, name=f"graph-{self.id}", daemon=True)
+        graph.start()
+        try:
+            ki = self._rebuild_keywords(gen, engine)
+        except BaseException:
+            graph.join()
+            raise
+        graph.join()
+        if failed:
+            ki.close()
+            raise failed[0]
+        return vi, ki
+
     def _rebuild_vectors(self, gen: int) -> VectorIndex:
+        vi = VectorIndex(self.vector_path, self.record.model, self.record.dim)
+        vi.build(*self._catalog_vectors(), gen)
+        return vi
+
+    def _catalog_vectors(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every chunk's vector key and vector, read from the catalogue."""
         # Rows are streamed into arrays sized once: a rebuild holds the vectors once, not a list
         # of them and then a stacked copy (an import of a big knowledge base ends here).
-        vi = VectorIndex(self.vector_path, self.record.model, self.record.dim)
         n = self.catalog.counts(self.id)["chunks"]
         keys = np.empty(n, dtype=np.uint64)
         vecs = np.empty((n, self.record.dim), dtype=np.float32)
@@ -465,8 +506,7 @@ class KnowledgeBase(KnowledgeBaseHandle):
             keys[i] = row[0]
             vecs[i] = blob_vector(row[1])
             i += 1
-        vi.build(keys[:i], vecs[:i], gen)
-        return vi
+        return keys[:i], vecs[:i]
 
     def _rebuild_keywords(self, gen: int, engine: str) -> KeywordEngine:
         """A fresh keyword index of ``engine`` from the catalogue; the other engine's folder goes."""

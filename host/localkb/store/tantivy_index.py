@@ -57,6 +57,14 @@ class TantivyIndex(EngineBase):
     def __init__(self, folder: Path, ix) -> None:
         super().__init__(folder, ix)
         self.schema = ix.schema
+        # True from ``create`` until the first commit: nothing to delete before an upsert.
+        self._empty = False
+
+    @classmethod
+    def create(cls, folder: Path):
+        ki = super().create(folder)
+        ki._empty = True
+        return ki
 
     @staticmethod
     def _new(folder: Path):
@@ -99,12 +107,19 @@ class TantivyIndex(EngineBase):
                 try:
                     for cid in deletes:
                         writer.delete_documents_by_term("chunk_id", cid)
+                    # A new index (a rebuild, an import) holds nothing to replace: a delete per
+                    # passage is only needed for an id this write already added.
+                    added: set[str] | None = set() if self._empty else None
                     for cid, content in upserts or ():
-                        writer.delete_documents_by_term("chunk_id", cid)
+                        if added is None or cid in added:
+                            writer.delete_documents_by_term("chunk_id", cid)
+                        else:
+                            added.add(cid)
                         doc = tantivy.Document(chunk_id=cid)
                         doc.add_pre_tokenized_text("content", pre_tokenized(content))
                         writer.add_document(doc)
                     writer.commit()
+                    self._empty = False
                 except BaseException:
                     writer.rollback()
                     raise
