@@ -871,7 +871,8 @@ class KnowledgeBase(KnowledgeBaseHandle):
             try:
                 count, generation, keys_ok, more = load()
             except LocalKBError as err:
-                if not (self.keyword_path if "keyword" in label else self.vector_path).exists():
+                if not (self.keyword_path if "keyword" in label
+                        else self.vector_path.with_suffix(".json")).exists():
                     report[key] = {"error": "missing"}
                     report["notes"].append(f"{label} is missing: it is built on next use")
                     return
