@@ -14,7 +14,9 @@ flat segment (``vectors-<model>.seg<N>.flat``: the keys, then the vectors, searc
 ``.seg<N>.gone``: the keys they delete), memory-mapped like the base and searched beside
 it. A fold costs what was logged, not what the base holds: it wrote no graph (it loaded and
 rewrote the whole base: 28-71 s and 709-784 MB for a full log at 300,000 passages on the
-loaded machine). FANOUT segments of one size tier merge into one HNSW segment of the next
+loaded machine). The write only folds: merges and base rewrites are ``compact``'s, built
+outside the store lock from the listed files and swapped in under it (a new ``layout``).
+FANOUT segments of one size tier merge into one HNSW segment of the next
 (``.seg<N>.usearch``; never past a quarter of the base: the write that builds a graph of
 four folds' vectors), and once the segments together hold as many vectors as the base, or a
 merge would leave a search more than ``MAX_GRAPH_SEGMENTS`` graphs to walk beside the base,
