@@ -379,3 +379,35 @@ def test_the_host_compacts_the_vector_index_in_the_background_after_a_write(tmp_
     assert report["clean"], report
     [kb] = report["knowledge_bases"]
     assert (kb["chunks"], kb["vector_index"]["count"]) == (1101, 1101)
+
+
+def test_a_host_that_opened_the_index_before_a_cli_compaction_writes_without_listing_deleted_files(tmp_path):
+    """The host's copy of the vector index predates a ``localkb kb compact`` in another process:
+    its next search and write see the new layout (a stat of the listing), so the listing it
+    leaves names only files that exist, and counts agree with the catalogue."""
+    home = tmp_path / "home"
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    for i in range(1100):
+        (folder / f"n{i:04}.md").write_text(f"# Note {i}\n\nAbout widget {i} and cable {i % 7}.")
+    made = run_cli(["kb", "create", "Docs", "--model", "hashing-256", "--json"], home, check=True)
+    kb_id = json.loads(made.stdout)["id"]
+    off = {"LOCALKB_COMPACT": "off"}
+    run_cli(["add", "Docs", str(folder)], home, check=True, env=off)
+    folder_of = home / "kbs" / kb_id
+    [meta] = folder_of.glob("vectors-*.json")
+    with HostProcess(HOST, home=home, env=off) as host:
+        assert ok(host, 1, "search", {"query": "widget 17", "kbs": ["Docs"]})  # the host opens it
+        before = json.loads(meta.read_text())
+        done = json.loads(run_cli(["kb", "compact", "Docs", "--json"], home, check=True).stdout)
+        assert done["state"] == "compacted"
+        assert ok(host, 2, "search", {"query": "widget 17", "kbs": ["Docs"]})
+        ok(host, 3, "source.add", {"kb": "Docs", "url": "https://x.test/one", "text": "One more note.",
+                                   "title": "One"})
+        after = json.loads(meta.read_text())
+        assert after["layout"] == before["layout"] + 1 and after["segments"] == []
+        assert (folder_of / after["base"]).exists()
+    report = json.loads(run_cli(["doctor", "--json"], home).stdout)
+    assert report["clean"], report
+    [kb] = report["knowledge_bases"]
+    assert (kb["chunks"], kb["vector_index"]["count"]) == (1101, 1101)
