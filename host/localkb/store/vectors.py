@@ -402,6 +402,8 @@ class VectorIndex:
             # A compaction swapped the files since this copy opened them: fold over what the
             # listing names now (the changes are the same; the levels and seqs are not).
             self._open_files(disk)
+        if disk is not None:  # never a seq the listing has given out (a compaction takes the next)
+            self._next_seq = max(self._next_seq, int(disk.get("next_seq", 1)))
         segments = [*self.segments]
         if len(keys) or len(gone):
             seg = _Segment(self._next_seq, len(keys), len(gone), generation, graph=False)
