@@ -400,8 +400,9 @@ class VectorIndex:
             self._write_base(None, -1)
         elif (int(disk.get("layout", 0)), str(disk.get("base_id", ""))) != (self.layout, self.base_id):
             # A compaction swapped the files since this copy opened them: fold over what the
-            # listing names now (the changes are the same; the levels and seqs are not).
-            self._open_files(disk)
+            # listing names now (the changes are the same; the levels and seqs are not). Only
+            # the listing is taken over; the files are opened once, by ``_reopen`` below.
+            self._adopt_listing(disk)
         if disk is not None:  # never a seq the listing has given out (a compaction takes the next)
             self._next_seq = max(self._next_seq, int(disk.get("next_seq", 1)))
         segments = [*self.segments]
@@ -420,6 +421,15 @@ class VectorIndex:
             compact(self.path, self.model, self.dim)
             self._reopen()
             self.generation = generation
+
+    def _adopt_listing(self, meta: dict) -> None:
+        """What ``fold`` writes into the next listing, from ``meta``: base, segments, seq."""
+        self.base_file = self.path.with_name(str(meta.get("base", self.path.name)))
+        self.base_id, self.layout = str(meta.get("base_id", "")), int(meta.get("layout", 0))
+        self.base_count = int(meta.get("count", 0))
+        self.segments = [_Segment(int(s["seq"]), int(s["count"]), int(s["gone"]), int(s["generation"]),
+                                  graph=bool(s.get("graph", True))) for s in meta.get("segments", [])]
+        self._next_seq = int(meta.get("next_seq", 1))
 
     def compaction_plan(self) -> dict | None:
         """What compaction is due over the listed segments, or None.
