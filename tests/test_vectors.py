@@ -88,8 +88,8 @@ def test_the_log_is_folded_into_a_segment_when_it_outgrows_its_threshold(base: V
 
 def test_segments_merge_by_tier_and_fold_into_the_base_once_they_outgrow_it(tmp_path: Path) -> None:
     """Each fold writes one segment; a compaction after it merges FANOUT of one tier into one;
-    when the segments hold as many vectors as the base, one new base. Searches equal a fresh index of the same vectors
-    at every step, and a fresh process opens what the last write left."""
+    when the segments hold as many vectors as the base, one new base. Searches equal a fresh
+    index of the same vectors at every step, and a fresh process opens what the last write left."""
     vi = VectorIndex(tmp_path / "v.usearch", "m", DIM)
     n = 30_000  # a merge holds at most a quarter of the base: ~7,000 here, 4 x ~1,200 fit
     vecs = dict(zip(range(n), unit(n, 1), strict=True))
