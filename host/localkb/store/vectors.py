@@ -768,23 +768,16 @@ def _listed_shape(path: Path) -> dict:
             "flat": sum(not s.get("graph") for s in segs), "layout": meta.get("layout", 0)}
 
 
-def _live_run(parts: list[_Segment], gones: list[np.ndarray], dim: int
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The live vectors of a run of segments (oldest first), by the run alone: a key's newest
-    copy in the run, unless a newer run segment's ``.gone`` deleted it. Also every key the
-    run mentions (copies and deletes: what it shadows in older levels)."""
-    keys, vecs = [], []
+def _live_masks(parts: list[_Segment], gones: list[np.ndarray]) -> tuple[list[np.ndarray], np.ndarray]:
+    """Which keys of each run segment (oldest first) hold live vectors, by the run alone: a
+    key's newest copy in the run, unless a newer run segment's ``.gone`` deleted it. Also every
+    key the run mentions (copies and deletes: what it shadows in older levels)."""
+    masks: list[np.ndarray] = []
     seen = np.zeros(0, dtype=np.uint64)
     for seg, gone in zip(reversed(parts), reversed(gones), strict=True):
-        if seg.count:
-            mask = ~np.isin(seg.keys, seen, assume_unique=False) if len(seen) else np.ones(seg.count, bool)
-            if mask.any():
-                keys.append(seg.keys[mask])
-                vecs.append(seg.get(mask, dim))
+        masks.append(~np.isin(seg.keys, seen) if len(seen) else np.ones(len(seg.keys), bool))
         seen = np.union1d(seen, np.concatenate([seg.keys, gone]).astype(np.uint64))
-    if not keys:
-        return np.zeros(0, np.uint64), np.zeros((0, dim), np.float32), seen
-    return np.concatenate(keys), np.concatenate(vecs), seen
+    return masks[::-1], seen
 
 
 def _compact_step(path: Path, model: str, dim: int, swap_lock, hook) -> dict | None:
@@ -800,16 +793,19 @@ def _compact_step(path: Path, model: str, dim: int, swap_lock, hook) -> dict | N
     started = time.perf_counter()
     parts = [s for s in snap.segments if s.seq in set(plan["seqs"])]
     gones = [np.fromfile(snap._segment_path(s.seq, ".gone"), dtype="<u8").astype(np.uint64) for s in parts]
-    keys, vecs, seen = _live_run(parts, gones, dim)
+    masks, seen = _live_masks(parts, gones)
     tmp_main = tmp_path_for(path.with_name(f"{path.stem}.compact.usearch"))
     tmp_gone = tmp_path_for(path.with_name(f"{path.stem}.compact.gone"))
-    if plan["kind"] == "merge":
+    if plan["kind"] == "merge":  # at most a quarter of the base: its vectors held at once
         gone = np.unique(np.concatenate(gones)) if gones else np.zeros(0, np.uint64)
+        keys = np.concatenate([s.keys[m] for s, m in zip(parts, masks, strict=True)])
+        vecs = np.concatenate([s.get(m, dim) for s, m in zip(parts, masks, strict=True)])
         if len(keys):
             index = _new_index(dim)
             index.add(keys, np.ascontiguousarray(vecs, dtype=np.float32), copy=False)
             index.save(str(tmp_main))
             del index
+        del vecs
         tmp_gone.write_bytes(np.ascontiguousarray(gone, dtype="<u8").tobytes())
         count, gone_count = len(keys), len(gone)
     else:
@@ -819,12 +815,13 @@ def _compact_step(path: Path, model: str, dim: int, swap_lock, hook) -> dict | N
             in_base = seen[np.atleast_1d(np.asarray(full.contains(seen), dtype=bool))] if len(seen) else seen
             if len(in_base):
                 full.remove(in_base)
-        if len(keys):
-            full.add(keys, np.ascontiguousarray(vecs, dtype=np.float32))
+        for seg, mask in zip(parts, masks, strict=True):  # a segment at a time: memory stays the base's
+            if mask.any():
+                full.add(seg.keys[mask], np.ascontiguousarray(seg.get(mask, dim), dtype=np.float32))
         full.save(str(tmp_main))
         count, gone_count = len(full), 0
         del full
-    del vecs, snap
+    del snap
     for tmp in (tmp_main, tmp_gone):
         if tmp.exists():
             with open(tmp, "rb") as fh:
