@@ -13,6 +13,11 @@ process holds no model. After the folds, vector searches (top 40, random unit qu
 timed over what the folds left (segments, or a new base) and over the files as copied,
 interleaved query by query: the search cost of the segments. Printed: min/median/max per
 fold number of each checkout, and the per-round ratio.
+
+With ``--compact`` (this checkout's API: compaction off the write path), after each folding
+write the compaction it left due runs as the host's thread would, between writes, timed and
+its peak RSS taken apart from the write's; the worst and median "add one note" over all
+folds are printed beside the compactions' own seconds and peak.
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ from pathlib import Path
 import numpy as np
 from localkb.store.vectors import VectorIndex, fold_threshold
 
-path, folds, nq = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+path, folds, nq, with_compact = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[5] == '1'
+compactions = []
 meta = json.loads(path.with_suffix('.json').read_text())
 def hwm_mb():
     return int([l for l in open('/proc/self/status') if l.startswith('VmHWM:')][0].split()[1]) / 1024
@@ -72,6 +78,15 @@ for _ in range(folds):
     out.append({'fold': secs, 'logged': logged, 'rss_before_mb': before, 'peak_mb': hwm_mb(),
                 'after': vi.log_size().get('segments', []), 'base': vi.base_count,
                 'records': vi.log_size()['records']})
+    if with_compact and vi.compaction_plan() is not None:
+        from localkb.store.vectors import compact
+        open('/proc/self/clear_refs', 'w').write('5')
+        before = rss_mb()
+        t = time.perf_counter()
+        res = compact(path, meta['model'], meta['dim'])
+        compactions.append({'after_fold': len(out), 'seconds': time.perf_counter() - t,
+                            'rss_before_mb': before, 'peak_mb': hwm_mb(),
+                            'steps': [(x['kind'], x['inputs'], x['vectors']) for x in res['steps']]})
 fresh = VectorIndex.load(path, meta['model'], meta['dim'])
 copied = VectorIndex.load(Path(sys.argv[4]), meta['model'], meta['dim'])
 lat = {'after folds': [], 'as copied': []}
@@ -81,11 +96,12 @@ for i, q in enumerate(unit(nq)):
         t = time.perf_counter()
         ix.search(q, 40, exact_below=5000)
         lat[name].append((time.perf_counter() - t) * 1000)
-print(json.dumps({'open': opened, 'folds': out, 'count': len(fresh), 'search_ms': lat}))
+print(json.dumps({'open': opened, 'folds': out, 'count': len(fresh), 'search_ms': lat,
+                  'compactions': compactions}))
 """
 
 
-def run(host: Path, index: Path, folds: int, queries: int) -> dict:
+def run(host: Path, index: Path, folds: int, queries: int, with_compact: bool = False) -> dict:
     with tempfile.TemporaryDirectory(prefix="localkb-bench-fold-") as tmp:
         copies = []
         for name in ("work", "asis"):
@@ -96,7 +112,8 @@ def run(host: Path, index: Path, folds: int, queries: int) -> dict:
             copies.append(folder / index.name)
         env = {**os.environ, "PYTHONPATH": str(host)}
         res = subprocess.run([sys.executable, "-c", _RUN, str(copies[0]), str(folds), str(queries),
-                              str(copies[1])], capture_output=True, text=True, env=env, check=False)
+                              str(copies[1]), "1" if with_compact else "0"], capture_output=True, text=True,
+                             env=env, check=False)
         if res.returncode != 0:
             raise SystemExit(f"fold bench with {host} failed: {res.stderr[-800:]}")
         return json.loads(res.stdout.strip().splitlines()[-1])
@@ -109,6 +126,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--folds", type=int, default=4)
     ap.add_argument("--queries", type=int, default=200)
+    ap.add_argument("--compact", action="store_true",
+                    help="run the compaction each fold leaves due between writes (this checkout only)")
     args = ap.parse_args()
     hosts = {"this": Path(__file__).resolve().parents[1] / "host"}
     if args.compare:
@@ -119,7 +138,8 @@ def main() -> int:
     got: dict[str, list[dict]] = {k: [] for k in hosts}
     for r in range(args.rounds):
         for name in rotated(list(hosts), r):
-            got[name].append(run(hosts[name], args.index, args.folds, args.queries))
+            got[name].append(run(hosts[name], args.index, args.folds, args.queries,
+                                 args.compact and name == "this"))
     for name, runs in got.items():
         print(f"{name} ({hosts[name]}): open {spread([x['open'] * 1000 for x in runs])} ms")
         for i in range(args.folds):
@@ -129,6 +149,15 @@ def main() -> int:
                   f"peak RSS {spread([x['peak_mb'] for x in f], '.0f')} MB "
                   f"(before {statistics.median([x['rss_before_mb'] for x in f]):.0f} MB); after: "
                   f"segments {f[-1]['after']}, base {f[-1]['base']:,}")
+        adds = [f["fold"] for x in runs for f in x["folds"]]
+        peaks = [f["peak_mb"] for x in runs for f in x["folds"]]
+        print(f"  add one note (the folding write), all folds: median {statistics.median(adds):.3f} s, "
+              f"worst {max(adds):.3f} s; peak RSS median {statistics.median(peaks):.0f} MB, "
+              f"worst {max(peaks):.0f} MB")
+        for x in runs:
+            for c in x.get("compactions", []):
+                print(f"  compaction after fold {c['after_fold']}: {c['steps']}: {c['seconds']:.2f} s, "
+                      f"peak RSS {c['peak_mb']:.0f} MB (before {c['rss_before_mb']:.0f} MB)")
         for label in ("as copied", "after folds"):
             p50 = [statistics.median(x["search_ms"][label]) for x in runs]
             p95 = [sorted(x["search_ms"][label])[int(0.95 * len(x["search_ms"][label]))] for x in runs]

@@ -158,3 +158,55 @@ def test_explain_draws_a_counted_keyword_hit_above_the_cut_off_line():
     above = "\n".join(lines[:line])
     assert "exact code" in above and "vector match" in above
     assert "set aside" in "\n".join(lines[line:])
+
+
+def _listing(home: Path, kb_id: str) -> dict:
+    [meta] = (home / "kbs" / kb_id).glob("vectors-*.json")
+    return json.loads(meta.read_text())
+
+
+def test_a_write_leaves_vector_compaction_to_a_detached_process_or_to_kb_compact(tmp_path):
+    """A write past the fold line folds the log into a flat segment and returns; the merge or
+    base rewrite that leaves due runs in a detached ``kb compact --auto`` (LOCALKB_COMPACT
+    background, the default), or in the foreground with ``localkb kb compact``."""
+    import time
+
+    home = tmp_path / "home"
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    for i in range(1100):  # past the fold line (1,024 changes): a flat segment, a new base due
+        (folder / f"n{i:04}.md").write_text(f"# Note {i}\n\nAbout widget {i} and cable {i % 7}.")
+    off = {"LOCALKB_COMPACT": "off"}
+    ids = {}
+    for name in ("Fore", "Back"):
+        made = run_cli(["kb", "create", name, "--model", "hashing-256", "--json"], home, check=True)
+        ids[name] = json.loads(made.stdout)["id"]
+        run_cli(["add", name, str(folder)], home, check=True, env=off)
+        assert _listing(home, ids[name])["segments"], name  # folded, not compacted
+    report = json.loads(run_cli(["doctor", "--json"], home, env=off).stdout)
+    due = {k["name"]: k["vector_index"]["compaction_due"] for k in report["knowledge_bases"]}
+    assert due == {"Fore": "rewrite of 1 segments", "Back": "rewrite of 1 segments"}
+    text = run_cli(["doctor"], home, env=off).stdout
+    assert "compaction due" in text and "localkb kb compact" in text
+
+    done = run_cli(["kb", "compact", "Fore", "--json"], home, check=True)
+    result = json.loads(done.stdout)
+    assert result["state"] == "compacted" and result["segments_after"]["flat"] == 0
+    assert result["segments_after"]["base"] == 1100
+    assert _listing(home, ids["Fore"])["segments"] == []
+    again = run_cli(["kb", "compact", "Fore"], home, check=True)
+    assert again.stdout.strip() == "Fore: nothing due"
+
+    # Any write with compaction due starts it detached (here a remove), and returns at once.
+    run_cli(["remove", "Back", "n0001.md"], home, check=True)
+    deadline = time.monotonic() + 180
+    while _listing(home, ids["Back"])["segments"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _listing(home, ids["Back"])["segments"] == []
+    report = json.loads(run_cli(["doctor", "--json"], home).stdout)
+    assert report["clean"], report
+    counts = {k["name"]: (k["chunks"], k["vector_index"]["count"]) for k in report["knowledge_bases"]}
+    assert counts == {"Fore": (1100, 1100), "Back": (1099, 1099)}
+    found = json.loads(run_cli(["search", "Back", "widget 17 cable 3", "--mode", "keyword", "--json"], home,
+                               check=True).stdout)
+    assert found

@@ -345,3 +345,69 @@ def test_every_string_and_number_field_of_every_message_type_refuses_what_cannot
     report = json.loads(run_cli(["doctor", "--json"], home).stdout)
     assert report["clean"] and [k["chunks"] for k in report["knowledge_bases"]] == [1]
     print(f"{len(bodies)} frames, every one refused as invalid_input")
+
+
+def test_the_host_compacts_the_vector_index_in_the_background_after_a_write(tmp_path):
+    """A store whose vector index has a rewrite due (1,100 passages folded by a CLI add with
+    compaction off); one small write through the host starts the compaction on its own
+    thread: the reply comes back, status keeps answering, and the listing ends compacted."""
+    import time
+
+    home = tmp_path / "home"
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    for i in range(1100):
+        (folder / f"n{i:04}.md").write_text(f"# Note {i}\n\nAbout widget {i} and cable {i % 7}.")
+    made = run_cli(["kb", "create", "Docs", "--model", "hashing-256", "--json"], home, check=True)
+    kb_id = json.loads(made.stdout)["id"]
+    run_cli(["add", "Docs", str(folder)], home, check=True, env={"LOCALKB_COMPACT": "off"})
+    [meta] = (home / "kbs" / kb_id).glob("vectors-*.json")
+    assert json.loads(meta.read_text())["segments"]
+    with HostProcess(HOST, home=home) as host:
+        ok(host, 1, "source.add", {"kb": "Docs", "url": "https://x.test/one", "text": "One more note.",
+                                   "title": "One"})
+        assert ok(host, 2, "status")["host_version"]  # status answers while it compacts
+        deadline, rid = time.monotonic() + 180, 3
+        while json.loads(meta.read_text())["segments"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        listing = json.loads(meta.read_text())
+        # The folded 1,100 are the new base; the host's one note is in the log beside it.
+        assert listing["segments"] == [] and listing["count"] == 1100
+        hits = ok(host, rid, "search", {"query": "widget 17 cable 3", "kbs": ["Docs"]})
+        assert hits
+    report = json.loads(run_cli(["doctor", "--json"], home).stdout)
+    assert report["clean"], report
+    [kb] = report["knowledge_bases"]
+    assert (kb["chunks"], kb["vector_index"]["count"]) == (1101, 1101)
+
+
+def test_a_host_that_opened_the_index_before_a_cli_compaction_writes_without_listing_deleted_files(tmp_path):
+    """The host's copy of the vector index predates a ``localkb kb compact`` in another process:
+    its next search and write see the new layout (a stat of the listing), so the listing it
+    leaves names only files that exist, and counts agree with the catalogue."""
+    home = tmp_path / "home"
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    for i in range(1100):
+        (folder / f"n{i:04}.md").write_text(f"# Note {i}\n\nAbout widget {i} and cable {i % 7}.")
+    made = run_cli(["kb", "create", "Docs", "--model", "hashing-256", "--json"], home, check=True)
+    kb_id = json.loads(made.stdout)["id"]
+    off = {"LOCALKB_COMPACT": "off"}
+    run_cli(["add", "Docs", str(folder)], home, check=True, env=off)
+    folder_of = home / "kbs" / kb_id
+    [meta] = folder_of.glob("vectors-*.json")
+    with HostProcess(HOST, home=home, env=off) as host:
+        assert ok(host, 1, "search", {"query": "widget 17", "kbs": ["Docs"]})  # the host opens it
+        before = json.loads(meta.read_text())
+        done = json.loads(run_cli(["kb", "compact", "Docs", "--json"], home, check=True).stdout)
+        assert done["state"] == "compacted"
+        assert ok(host, 2, "search", {"query": "widget 17", "kbs": ["Docs"]})
+        ok(host, 3, "source.add", {"kb": "Docs", "url": "https://x.test/one", "text": "One more note.",
+                                   "title": "One"})
+        after = json.loads(meta.read_text())
+        assert after["layout"] == before["layout"] + 1 and after["segments"] == []
+        assert (folder_of / after["base"]).exists()
+    report = json.loads(run_cli(["doctor", "--json"], home).stdout)
+    assert report["clean"], report
+    [kb] = report["knowledge_bases"]
+    assert (kb["chunks"], kb["vector_index"]["count"]) == (1101, 1101)

@@ -87,9 +87,9 @@ def test_the_log_is_folded_into_a_segment_when_it_outgrows_its_threshold(base: V
 
 
 def test_segments_merge_by_tier_and_fold_into_the_base_once_they_outgrow_it(tmp_path: Path) -> None:
-    """Each fold writes one segment; FANOUT of one tier become one; when the segments hold as
-    many vectors as the base, one new base. Searches equal a fresh index of the same vectors
-    at every step, and a fresh process opens what the last write left."""
+    """Each fold writes one segment; a compaction after it merges FANOUT of one tier into one;
+    when the segments hold as many vectors as the base, one new base. Searches equal a fresh
+    index of the same vectors at every step, and a fresh process opens what the last write left."""
     vi = VectorIndex(tmp_path / "v.usearch", "m", DIM)
     n = 30_000  # a merge holds at most a quarter of the base: ~7,000 here, 4 x ~1,200 fit
     vecs = dict(zip(range(n), unit(n, 1), strict=True))
@@ -107,6 +107,7 @@ def test_segments_merge_by_tier_and_fold_into_the_base_once_they_outgrow_it(tmp_
         for k in gone.tolist():
             vecs.pop(k, None)
         vi.save(gen)
+        vi.compact()  # compaction on its schedule: after every write
         seen.append(list(vi.log_size()["segments"]))
         if gen % 7 == 0 or vi.base_count != n:
             again = VectorIndex.load(vi.path, "m", DIM)
@@ -124,21 +125,26 @@ def test_segments_merge_by_tier_and_fold_into_the_base_once_they_outgrow_it(tmp_
     assert any(len(s) == 1 and s[0] > 3 * limit for s in seen)  # a merged segment
     assert any(len(s) >= 2 for s in seen)  # a merged (graph) segment searched beside flat ones
     assert seen[-1] == [] and vi.base_count == len(vecs)
-    files = sorted(p.name for p in tmp_path.iterdir())
-    assert not [f for f in files if ".seg" in f], files  # merged-away segments are removed
+    files = sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("."))
+    # Merged-away segments and the old base are removed: the new base is all that is listed.
+    assert files == sorted(_listed_files(vi.path) | {"v.json", "v.log"}) and len(_listed_files(vi.path)) == 1
 
 
-def test_a_search_walks_a_bounded_number_of_graph_segments_whatever_was_written(tmp_path: Path) -> None:
+@pytest.mark.parametrize("compacting", [True, False])
+def test_a_search_walks_a_bounded_number_of_graph_segments_whatever_was_written(tmp_path: Path,
+                                                                               compacting: bool) -> None:
     """Merged (graph) segments each cost a search an HNSW walk of its own (100,000 passages: the
     vector leg's p50 5.9 -> 15.8 ms with four). Below ~300,000 a merge is capped at a quarter
     of the base, so merged segments could pile up to 2 x FANOUT before the base was rewritten;
-    with MAX_GRAPH_SEGMENTS, the fold that would make one more rewrites the base instead.
-    Searches equal brute force along the way; a fresh process opens what the writes left."""
+    with MAX_GRAPH_SEGMENTS, the compaction that would make one more rewrites the base instead.
+    With compaction never run, flat segments are bounded too: past MAX_FLAT_SEGMENTS the write
+    compacts inline. Searches equal brute force along the way; a fresh process opens what the
+    writes left."""
     n = 24_000  # folds of 1,500 (500 a write); a merged segment 6,000, a quarter of the base
     vi = VectorIndex(tmp_path / "v.usearch", "m", DIM)
     vi.build(np.arange(n, dtype=np.uint64), unit(n, 1), generation=1)
     vecs = dict(zip(range(n), unit(n, 1), strict=True))
-    graphs, gen, key = [], 1, 10**6
+    graphs, flats, gen, key = [], [], 1, 10**6
     while vi.base_count <= n:
         gen += 1
         moved = unit(500, gen)
@@ -146,7 +152,10 @@ def test_a_search_walks_a_bounded_number_of_graph_segments_whatever_was_written(
         vecs.update(zip(range(key, key + 500), moved, strict=True))
         key += 500
         vi.save(gen)
+        if compacting:
+            vi.compact()
         graphs.append(sum(s.graph for s in vi.segments))
+        flats.append(sum(not s.graph for s in vi.segments))
         if gen % 6 == 0 or vi.base_count > n:
             again = VectorIndex.load(vi.path, "m", DIM)
             assert len(again) == len(vecs)
@@ -155,7 +164,11 @@ def test_a_search_walks_a_bounded_number_of_graph_segments_whatever_was_written(
             for q in unit(3, gen):
                 best = all_keys[np.argsort(-(all_vecs @ q), kind="stable")[:10]]
                 assert again.search(q, 10, exact_below=10**9).keys.tolist() == best.tolist()
-    assert max(graphs) == vmod.MAX_GRAPH_SEGMENTS, graphs
+    if compacting:
+        assert max(graphs) == vmod.MAX_GRAPH_SEGMENTS and max(flats) < vmod.FANOUT, (graphs, flats)
+    else:
+        assert max(graphs) <= vmod.MAX_GRAPH_SEGMENTS and max(flats) == vmod.MAX_FLAT_SEGMENTS, (
+            graphs, flats)
 
 
 def test_a_torn_log_tail_is_ignored_and_cut_off_by_the_next_write(base: VectorIndex) -> None:
@@ -199,7 +212,11 @@ def test_a_write_past_the_fold_line_holds_its_vectors_once(tmp_path: Path) -> No
     assert held < 1.5 * n * dim * 4, f"{held:,} bytes still held for log records"
     vi.save(1)
     again = VectorIndex.load(vi.path, "m", dim)
-    assert (len(again), again.base_count, again.log_size()["records"]) == (n, n, 0)
+    # Folded into one flat segment (the base is compaction's to write), not left in the log.
+    assert (len(again), again.log_size()["segments"], again.log_size()["records"]) == (n, [n], 0)
+    assert again.search(first, 1, exact_below=10**6).keys.tolist() == [0]
+    again.compact()
+    assert (len(again), again.base_count, again.log_size()["segments"]) == (n, n, [])
     assert again.search(first, 1, exact_below=10**6).keys.tolist() == [0]
 
 
@@ -334,3 +351,280 @@ def test_a_crash_mid_fold_leaves_the_log_in_charge_and_a_missing_segment_is_repo
     seg.unlink()
     with pytest.raises(vmod.IndexUnavailable):
         VectorIndex.load(base.path, "m", DIM)
+
+
+# -- compaction: merges and base rewrites off the write path ---------------------------------
+def _listing(vi: VectorIndex) -> dict:
+    import json
+
+    return json.loads(vi.meta_path.read_text())
+
+
+def _listed_files(path: Path) -> set[str]:
+    """Every file the listing names (base and segments)."""
+    import json
+
+    meta = json.loads(path.with_suffix(".json").read_text())
+    names = {meta.get("base", path.name)}
+    for s in meta["segments"]:
+        names.add(f"{path.stem}.seg{s['seq']}.{'usearch' if s['graph'] else 'flat'}")
+        names.add(f"{path.stem}.seg{s['seq']}.gone")
+    return names
+
+
+def _brute(vecs: dict, q: np.ndarray, k: int) -> list[int]:
+    keys = np.array(list(vecs), dtype=np.uint64)
+    mat = np.stack(list(vecs.values()))
+    return keys[np.argsort(-(mat @ q), kind="stable")[:k]].tolist()
+
+
+def _assert_equals_brute_force(path: Path, vecs: dict, seed: int) -> None:
+    again = VectorIndex.load(path, "m", DIM)
+    assert len(again) == len(vecs)
+    found = []
+    for q in unit(5, seed):
+        best = _brute(vecs, q, 10)
+        assert again.search(q, 10, exact_below=10**9).keys.tolist() == best
+        found.append(len(set(again.search(q, 10, exact_below=0).keys.tolist()) & set(best)))
+    assert sum(found) >= 0.9 * 10 * len(found), found
+    assert all(Path(path.parent, f).exists() for f in _listed_files(path))
+
+
+def _writes(vi: VectorIndex, vecs: dict, gen: int, key: int, n: int, *, seed: int) -> tuple[int, int]:
+    """One write of ``n`` new vectors, a re-upsert of 20 older keys and 10 deletes; saved."""
+    rng = np.random.default_rng(seed)
+    new = unit(n, seed + 500)  # not the base's seed: no two keys share a vector (ties)
+    vi.upsert(np.arange(key, key + n, dtype=np.uint64), new)
+    vecs.update(zip(range(key, key + n), new, strict=True))
+    old = rng.choice(np.array(list(vecs), dtype=np.uint64), size=20, replace=False)
+    moved = unit(20, seed + 10_000)
+    vi.upsert(old, moved)
+    vecs.update(zip(old.tolist(), moved, strict=True))
+    gone = rng.choice(np.array(list(vecs), dtype=np.uint64), size=10, replace=False)
+    vi.remove(gone)
+    for k in gone.tolist():
+        del vecs[k]
+    gen += 1
+    vi.save(gen)
+    return gen, key + n
+
+
+def test_a_write_that_makes_a_merge_due_only_folds_and_compaction_merges(tmp_path: Path) -> None:
+    n = 24_000  # fold line 1,024; a merge of four 1,100-vector folds is under a quarter of the base
+    vi = VectorIndex(tmp_path / "v.usearch", "m", DIM)
+    vi.build(np.arange(n, dtype=np.uint64), unit(n, 1), generation=1)
+    vecs = dict(zip(range(n), unit(n, 1), strict=True))
+    gen, key = 1, 10**6
+    for i in range(vmod.FANOUT):
+        gen, key = _writes(vi, vecs, gen, key, 1100, seed=gen)
+        assert not list(tmp_path.glob("v.seg*.usearch")), i  # no graph written by a write
+    assert [s["graph"] for s in _listing(vi)["segments"]] == [False] * vmod.FANOUT
+    plan = vi.compaction_plan()
+    assert plan is not None and plan["kind"] == "merge" and len(plan["seqs"]) == vmod.FANOUT
+    layout = _listing(vi)["layout"]
+    result = vmod.compact(vi.path, "m", DIM)
+    assert [s["state"] for s in result["steps"]] == ["swapped"]
+    listing = _listing(vi)
+    assert [s["graph"] for s in listing["segments"]] == [True] and listing["layout"] == layout + 1
+    assert listing["generation"] == gen  # the content did not change
+    assert VectorIndex.load(vi.path, "m", DIM).compaction_plan() is None
+    _assert_equals_brute_force(vi.path, vecs, 7)
+    assert len(list(tmp_path.glob("v.seg*"))) == 2  # the merged-away flat segments are gone
+
+
+def test_a_write_that_makes_a_base_rewrite_due_only_folds_and_compaction_rewrites(tmp_path: Path) -> None:
+    n = 4000  # a merge is capped at a quarter of the base (1,000): four folds outgrow the base
+    vi = VectorIndex(tmp_path / "v.usearch", "m", DIM)
+    vi.build(np.arange(n, dtype=np.uint64), unit(n, 1), generation=1)
+    vecs = dict(zip(range(n), unit(n, 1), strict=True))
+    before = vi.path.stat()
+    gen, key = 1, 10**6
+    for _ in range(4):
+        gen, key = _writes(vi, vecs, gen, key, 1100, seed=gen)
+    after = vi.path.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)  # not rewritten
+    assert len(_listing(vi)["segments"]) == 4
+    plan = vi.compaction_plan()
+    assert plan is not None and plan["kind"] == "rewrite"
+    result = vmod.compact(vi.path, "m", DIM)
+    assert [s["kind"] for s in result["steps"]] == ["rewrite"]
+    listing = _listing(vi)
+    assert listing["segments"] == [] and listing["count"] == len(vecs) and listing["generation"] == gen
+    _assert_equals_brute_force(vi.path, vecs, 8)
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == sorted(
+        _listed_files(vi.path) | {"v.json", "v.log"})
+
+
+def test_a_fold_that_lands_while_a_compaction_builds_is_kept_by_the_swap(tmp_path: Path) -> None:
+    import threading
+
+    n = 24_000
+    vi = VectorIndex(tmp_path / "v.usearch", "m", DIM)
+    vi.build(np.arange(n, dtype=np.uint64), unit(n, 1), generation=1)
+    vecs = dict(zip(range(n), unit(n, 1), strict=True))
+    gen, key = 1, 10**6
+    for _ in range(vmod.FANOUT):
+        gen, key = _writes(vi, vecs, gen, key, 1100, seed=gen)
+    run_keys = list(range(10**6, 10**6 + 50))  # in the run being merged
+    built, go, out = threading.Event(), threading.Event(), {}
+
+    def hook(point: str) -> None:
+        if point == "built":
+            built.set()
+            assert go.wait(60)
+
+    worker = threading.Thread(target=lambda: out.update(vmod.compact(vi.path, "m", DIM, hook=hook)))
+    worker.start()
+    assert built.wait(120)
+    # Meanwhile a write folds: it moves keys the run holds, deletes others (some in the run,
+    # some in the base) and adds new ones.
+    moved = unit(25, 4242)
+    vi.upsert(np.array(run_keys[:25], dtype=np.uint64), moved)
+    vecs.update(zip(run_keys[:25], moved, strict=True))
+    dead = [k for k in run_keys[25:] if k in vecs][:10] + [k for k in range(500, 520) if k in vecs]
+    vi.remove(np.array(dead, dtype=np.uint64))
+    for k in dead:
+        del vecs[k]
+    gen, key = _writes(vi, vecs, gen, key, 1100, seed=gen)
+    assert len(_listing(vi)["segments"]) == vmod.FANOUT + 1
+    go.set()
+    worker.join(120)
+    assert [s["state"] for s in out["steps"]] == ["swapped"]
+    listing = _listing(vi)
+    assert [s["graph"] for s in listing["segments"]] == [True, False]  # the fold's segment kept, after
+    _assert_equals_brute_force(vi.path, vecs, 9)
+    again = VectorIndex.load(vi.path, "m", DIM)
+    assert not any(again.contains(k) for k in dead)
+    for k, v in zip(run_keys[:25], moved, strict=True):
+        hit = again.search(v, 1, exact_below=10**9)
+        assert hit.keys.tolist() == [k] and hit.similarities[0] > 0.999
+    # The writer's copy opened the files before the swap: its next fold lists only files that exist.
+    for _ in range(2):
+        gen, key = _writes(vi, vecs, gen, key, 1100, seed=gen)
+        assert all((tmp_path / f).exists() for f in _listed_files(vi.path))
+    _assert_equals_brute_force(vi.path, vecs, 10)
+
+
+_STALE = r"""
+import sys
+from pathlib import Path
+import numpy as np
+from localkb.store.vectors import VectorIndex
+path, dim = Path(sys.argv[1]), int(sys.argv[2])
+vi = VectorIndex.load(path, "m", dim)
+print("opened", flush=True)
+sys.stdin.readline()  # a compaction swaps the files meanwhile
+rng = np.random.default_rng(3)
+v = rng.standard_normal((1100, dim)).astype(np.float32)
+v /= np.linalg.norm(v, axis=1, keepdims=True)
+vi.upsert(np.arange(2 * 10**6, 2 * 10**6 + 1100, dtype=np.uint64), v)
+vi.remove(np.arange(0, 30, dtype=np.uint64))
+vi.save(vi.generation + 1)
+np.save(sys.argv[3], v)
+print("written", flush=True)
+"""
+
+
+def test_a_stale_copy_in_another_process_writes_after_a_compaction_without_listing_deleted_files(
+        tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    n = 24_000
+    vi = VectorIndex(tmp_path / "v.usearch", "m", DIM)
+    vi.build(np.arange(n, dtype=np.uint64), unit(n, 1), generation=1)
+    vecs = dict(zip(range(n), unit(n, 1), strict=True))
+    gen, key = 1, 10**6
+    for _ in range(vmod.FANOUT):
+        gen, key = _writes(vi, vecs, gen, key, 1100, seed=gen)
+    proc = subprocess.Popen([sys.executable, "-c", _STALE, str(vi.path), str(DIM), str(tmp_path / "v.npy")],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "opened"
+        layout = _listing(vi)["layout"]
+        result = vmod.compact(vi.path, "m", DIM)
+        assert [s["state"] for s in result["steps"]] == ["swapped"]
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "written"
+    finally:
+        proc.stdin.close()
+        assert proc.wait(60) == 0
+    added = np.load(tmp_path / "v.npy")
+    vecs.update(zip(range(2 * 10**6, 2 * 10**6 + 1100), added, strict=True))
+    for k in range(30):
+        vecs.pop(k, None)
+    listing = _listing(vi)
+    assert listing["layout"] == layout + 1 and [s["graph"] for s in listing["segments"]] == [True, False]
+    _assert_equals_brute_force(vi.path, vecs, 11)
+
+
+_KILLED = r"""
+import os, signal, sys
+from pathlib import Path
+from localkb.store import vectors
+where = sys.argv[3]
+def hook(point):
+    if point == where:
+        os.kill(os.getpid(), signal.SIGKILL)
+vectors.compact(Path(sys.argv[1]), "m", int(sys.argv[2]), hook=hook)
+"""
+
+
+@pytest.mark.parametrize("point", ["built", "renamed"])
+def test_a_compaction_killed_mid_way_leaves_the_index_valid(tmp_path: Path, point: str) -> None:
+    import subprocess
+    import sys
+
+    from localkb.atomic import sweep_tmp
+
+    n = 24_000
+    vi = VectorIndex(tmp_path / "v.usearch", "m", DIM)
+    vi.build(np.arange(n, dtype=np.uint64), unit(n, 1), generation=1)
+    vecs = dict(zip(range(n), unit(n, 1), strict=True))
+    gen, key = 1, 10**6
+    for _ in range(vmod.FANOUT):
+        gen, key = _writes(vi, vecs, gen, key, 1100, seed=gen)
+    listed = _listing(vi)
+    done = subprocess.run([sys.executable, "-c", _KILLED, str(vi.path), str(DIM), point], check=False)
+    assert done.returncode == -9
+    assert _listing(vi) == listed  # the old listing stands
+    _assert_equals_brute_force(vi.path, vecs, 12)
+    left = [p.name for p in tmp_path.iterdir() if p.name.startswith(".") and p.name.endswith(".tmp")]
+    assert bool(left) == (point == "built")  # built, not yet renamed: the dead process's tmp files
+    sweep_tmp(tmp_path, tmp_path / "none")
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    # A compaction after it does the work; orphans a kill left are never listed, and go.
+    result = vmod.compact(vi.path, "m", DIM)
+    assert [s["state"] for s in result["steps"]] == ["swapped"]
+    gen, key = _writes(vi, vecs, gen, key, 1100, seed=gen)
+    _assert_equals_brute_force(vi.path, vecs, 13)
+    assert {p.name for p in tmp_path.glob("v.seg*")} <= _listed_files(vi.path)
+
+
+def test_one_compaction_at_a_time(tmp_path: Path) -> None:
+    import threading
+
+    n = 24_000
+    vi = VectorIndex(tmp_path / "v.usearch", "m", DIM)
+    vi.build(np.arange(n, dtype=np.uint64), unit(n, 1), generation=1)
+    vecs = dict(zip(range(n), unit(n, 1), strict=True))
+    gen, key = 1, 10**6
+    for _ in range(vmod.FANOUT):
+        gen, key = _writes(vi, vecs, gen, key, 1100, seed=gen)
+    built, go, out = threading.Event(), threading.Event(), {}
+
+    def hook(point: str) -> None:
+        if point == "built":
+            built.set()
+            assert go.wait(60)
+
+    worker = threading.Thread(target=lambda: out.update(vmod.compact(vi.path, "m", DIM, hook=hook)))
+    worker.start()
+    try:
+        assert built.wait(120)
+        assert vmod.compact(vi.path, "m", DIM)["state"] == "already running"
+    finally:
+        go.set()
+        worker.join(120)
+    assert out["state"] == "compacted"

@@ -31,10 +31,68 @@ class Out:
             print(text() if callable(text) else text)
 
 
+_OPENED: list = []  # the stores this command opened: their writes may have left compaction due
+
+
 def _store(args):
     from localkb.store.kb import Store
 
-    return Store(Settings.from_env())
+    store = Store(Settings.from_env())
+    _OPENED.append(store)
+    return store
+
+
+def _compact_after() -> None:
+    """After a command that wrote: the vector compaction its writes left due, started
+    detached like ``git gc --auto`` (a new session, stdio to /dev/null; a failure goes to
+    the error log), so the command returns at once; or run here (``LOCALKB_COMPACT=inline``)."""
+    import os
+    import subprocess
+
+    for store in _OPENED:
+        for kb_id in sorted(store.compaction_due):
+            if store.settings.compact == "off":
+                continue
+            if store.settings.compact == "inline":
+                _compact_quietly(store, kb_id)
+                continue
+            try:
+                subprocess.Popen([sys.executable, "-m", "localkb", "kb", "compact", kb_id, "--auto"],
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, start_new_session=True, env=dict(os.environ))
+            except OSError as err:  # the command's own work is done: say so in the error log only
+                store.log_error("compaction", "index_unavailable", f"could not start: {err}", kb_id=kb_id)
+    _OPENED.clear()
+
+
+def _compact_quietly(store, kb_id: str) -> dict | None:
+    try:
+        return store.open_kb(kb_id).compact()
+    except LocalKBError as err:
+        store.log_error("compaction", err.code, str(err), kb_id=kb_id)
+        return None
+
+
+def cmd_kb_compact(args, out: Out) -> int:
+    store = _store(args)
+    kb = store.open_kb(args.kb)
+    if args.auto:  # started by another command: quiet, errors to the error log
+        _compact_quietly(store, kb.id)
+        return 0
+    result = kb.compact()
+
+    def shape(s: dict) -> str:
+        return f"base {s['base']:,}, {s['graph']} graph + {s['flat']} flat segments"
+
+    def text() -> str:
+        if result["state"] in {"nothing due", "already running"}:
+            return f"{kb.record.name}: {result['state']}"
+        steps = ", ".join(f"{s['kind']} of {s['inputs']} ({s['state']})" for s in result["steps"])
+        return (f"{kb.record.name}: {result['state']}: {steps}; {shape(result['segments_before'])} -> "
+                f"{shape(result['segments_after'])}; {result['seconds']:.2f} s")
+
+    out.emit({"kb": kb.id, **result}, text)
+    return 0
 
 
 def _library(args):
@@ -454,6 +512,10 @@ def cmd_doctor(args, out: Out) -> int:
                  + ("ok" if m.get("ok") else f"UNAVAILABLE: {m.get('error')}")]
         for kb in report["knowledge_bases"]:
             state = "; ".join(kb["problems"]) or "; ".join(["ok", *kb.get("notes", [])])
+            vec = kb.get("vector_index", {})
+            if vec.get("compaction_due"):
+                state += (f"; compaction due ({vec['compaction_due']}; {vec['graph_segments']} graph + "
+                          f"{vec['flat_segments']} flat segments): localkb kb compact")
             lines.append(f"{kb['name']}: {kb['chunks']} chunks, vectors "
                          f"{kb.get('vector_index', {}).get('count', '?')}, keywords "
                          f"{kb.get('keyword_index', {}).get('count', '?')}: {state}")
@@ -941,6 +1003,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("kb")
     c.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     c.set_defaults(func=cmd_kb_delete)
+    c = kbs.add_parser("compact", parents=[common],
+                       help="merge the vector index's segments now (writes leave it to the background)")
+    c.add_argument("kb")
+    c.add_argument("--auto", action="store_true",
+                   help="quiet, errors to the error log (what a write's detached compaction runs)")
+    c.set_defaults(func=cmd_kb_compact)
     c = kbs.add_parser("reembed", parents=[common], help="move a knowledge base to another embedding model")
     c.add_argument("kb")
     c.add_argument("--model", required=True, help="target model id (all-MiniLM-L6-v2, hashing-256)")
@@ -1111,7 +1179,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command != "host":  # the host sets up its own log
         _log_to_file()
     try:
-        return args.func(args, out)
+        try:
+            return args.func(args, out)
+        finally:
+            _compact_after()
     except LocalKBError as err:
         if out.json:
             print(json.dumps({"error": err.to_dict()}, indent=2))

@@ -53,6 +53,10 @@ class Settings:
     query_log: bool = True
     #: How long a model's write waits for the user's Approve before it counts as declined.
     confirm_timeout_s: float = 600.0
+    #: When vector compaction runs after a write leaves it due (``LOCALKB_COMPACT``):
+    #: background (the host's thread; a detached ``localkb kb compact --auto`` after a CLI
+    #: command), inline (before the command returns) or off (only ``localkb kb compact``).
+    compact: str = "background"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -79,6 +83,10 @@ class Settings:
             changes["confirm_timeout_s"] = float(env["LOCALKB_CONFIRM_TIMEOUT_S"])
         if env.get("LOCALKB_KEYWORD_ENGINE"):
             changes["keyword_engine"] = env["LOCALKB_KEYWORD_ENGINE"]
+        if env.get("LOCALKB_COMPACT"):
+            if env["LOCALKB_COMPACT"] not in {"background", "inline", "off"}:
+                raise ValueError("LOCALKB_COMPACT must be background, inline or off")
+            changes["compact"] = env["LOCALKB_COMPACT"]
         if env.get("LOCALKB_QUERY_LOG") in {"0", "off", "false"}:
             changes["query_log"] = False
         changes.update(overrides)

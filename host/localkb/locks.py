@@ -94,3 +94,24 @@ class StripedLocks:
                 fcntl.flock(fd, fcntl.LOCK_UN)
                 os.close(fd)
             self._held.clear()
+
+
+def try_lock(path: Path) -> int | None:
+    """flock ``path`` without waiting: the descriptor that holds it, or None if another holds it.
+
+    flock belongs to the open file, so a second holder in the same process (another thread)
+    is refused too; the kernel releases it when its holder dies, kill -9 included.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def unlock(fd: int) -> None:
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)

@@ -31,6 +31,14 @@ def get_store():
             from localkb.store.kb import Store
 
             _store = Store(Settings.from_env())
+            if _store.settings.compact != "off":
+                from localkb.store.compaction import BackgroundCompaction
+
+                # A write that leaves compaction due starts it on its own thread ("inline"
+                # waits for it here, in the writer's thread).
+                background = BackgroundCompaction(_store)
+                _store.on_compaction_due = (background.request if _store.settings.compact == "background"
+                                            else background.run)
         return _store
 
 

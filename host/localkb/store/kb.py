@@ -28,6 +28,7 @@ from localkb.config import Settings
 from localkb.embedding.embedder import Embedder, EmbedderRegistry
 from localkb.errors import (
     Conflict,
+    IndexUnavailable,
     InvalidInput,
     KnowledgeBaseNotFound,
     LocalKBError,
@@ -70,6 +71,7 @@ from localkb.store.catalog import (
 from localkb.store.keyword_engine import KeywordEngine
 from localkb.store.keywords import KeywordHit
 from localkb.store.vectors import VectorHits, VectorIndex, remove_index
+from localkb.store.vectors import compact as compact_vectors
 from localkb.strings import clean_name, string_problem
 
 PRIVACY = ("device", "cloud")
@@ -129,6 +131,10 @@ class Store(KnowledgeStore):
         self.catalog = Catalog(self.root / "catalog.sqlite")
         self.lock = FileLock(self.root / "store.lock")
         self.models = EmbedderRegistry(settings)
+        #: Knowledge bases a write of this process left with vector compaction due; and who is
+        #: told at once (the host starts its background compaction; the CLI looks at the end).
+        self.compaction_due: set[str] = set()
+        self.on_compaction_due: Callable[[str], None] | None = None
         self._open: dict[str, KnowledgeBase] = {}
         self._open_lock = threading.Lock()
 
@@ -359,9 +365,12 @@ class KnowledgeBase(KnowledgeBaseHandle):
     def _fresh(self, gen: int) -> bool:
         # An index of another engine than the choice names (an ``auto`` knowledge base that
         # an earlier rule wrote with Whoosh) is not fresh: the repair rebuilds it in that engine.
+        # Nor is a vector index whose files a compaction swapped since it was opened: a write
+        # through it would list files the compaction deleted (a stat of the listing).
         return (self._vectors is not None and self._keywords is not None
                 and self._vectors.generation == gen and self._keywords.generation == gen
-                and self._keywords.engine == self.wanted_engine())
+                and self._keywords.engine == self.wanted_engine()
+                and not self._vectors.layout_changed())
 
     def _repair(self) -> dict:
         """Catch the indexes up from the change log, or rebuild them; call under the store lock."""
@@ -551,17 +560,46 @@ class KnowledgeBase(KnowledgeBaseHandle):
                     db.executemany(
                         "INSERT INTO changes (kb_id, generation, chunk_id, vkey) VALUES (?,?,?,?)",
                         [(self.id, gen, c, k) for c, k in change.upserted + change.deleted])
+            due = False
             if change:
                 with self._lock:
                     try:
                         # ``indexes()`` above left the keyword index in the engine the choice names.
                         self._apply(self._vectors, self._keywords, change.upserted + change.deleted, gen)
                         self._prune(gen)
+                        due = self._vectors is not None and self._vectors.compaction_plan() is not None
                     except LocalKBError as err:
                         self.close()
                         self.catalog.log_error("index", err.code, str(err), kb_id=self.id)
+                if due:
+                    self.store.compaction_due.add(self.id)
+                    if self.store.on_compaction_due is not None:
+                        self.store.on_compaction_due(self.id)
             self.record = self.store.resolve(self.id)
             return gen
+
+    # -- compaction ------------------------------------------------------------
+    def compaction_plan(self) -> dict | None:
+        """The vector compaction due (``VectorIndex.compaction_plan``), or None."""
+        vi, _ki = self.indexes()
+        return vi.compaction_plan()
+
+    def compact(self, *, hook: Callable[[str], None] | None = None) -> dict:
+        """Run the vector compaction due: built outside the store lock, swapped under it.
+
+        Returns ``vectors.compact``'s report (state: compacted / nothing due / already running /
+        discarded). Copies of the index opened before it (this process's, another's) notice the
+        new layout on their next use.
+        """
+        self.indexes()  # caught up first: compaction reads the listed files
+        try:
+            result = compact_vectors(self.vector_path, self.record.model, self.record.dim,
+                                     swap_lock=self.store.lock.hold, hook=hook)
+        except (OSError, RuntimeError, ValueError) as err:
+            raise IndexUnavailable(f"vector compaction of {self.record.name!r} failed: {err}") from err
+        if result["state"] != "already running":
+            self.store.compaction_due.discard(self.id)
+        return result
 
     # -- the store seam: ingestion ----------------------------------------------
     def before_ingest(self) -> None:
@@ -911,7 +949,8 @@ class KnowledgeBase(KnowledgeBaseHandle):
             try:
                 count, generation, keys_ok, more = load()
             except LocalKBError as err:
-                if not (self.keyword_path if "keyword" in label else self.vector_path).exists():
+                if not (self.keyword_path if "keyword" in label
+                        else self.vector_path.with_suffix(".json")).exists():
                     report[key] = {"error": "missing"}
                     report["notes"].append(f"{label} is missing: it is built on next use")
                     return
@@ -932,7 +971,11 @@ class KnowledgeBase(KnowledgeBaseHandle):
 
         def vectors() -> tuple[int, int, bool, dict]:
             vi = VectorIndex.load(self.vector_path, self.record.model, self.record.dim)
-            return len(vi), vi.generation, all(vi.contains(r[0]) for r in rows), {"log": vi.log_size()}
+            plan = vi.compaction_plan()
+            return len(vi), vi.generation, all(vi.contains(r[0]) for r in rows), {
+                "log": vi.log_size(), "graph_segments": sum(s.graph for s in vi.segments),
+                "flat_segments": sum(not s.graph for s in vi.segments),
+                "compaction_due": None if plan is None else f"{plan['kind']} of {len(plan['seqs'])} segments"}
 
         def keywords() -> tuple[int, int, bool, dict]:
             ki = keyword_engine_mod.load(self.record.keyword_engine, self.keyword_path)

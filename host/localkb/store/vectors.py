@@ -14,7 +14,9 @@ flat segment (``vectors-<model>.seg<N>.flat``: the keys, then the vectors, searc
 ``.seg<N>.gone``: the keys they delete), memory-mapped like the base and searched beside
 it. A fold costs what was logged, not what the base holds: it wrote no graph (it loaded and
 rewrote the whole base: 28-71 s and 709-784 MB for a full log at 300,000 passages on the
-loaded machine). FANOUT segments of one size tier merge into one HNSW segment of the next
+loaded machine). The write only folds: merges and base rewrites are ``compact``'s, built
+outside the store lock from the listed files and swapped in under it (a new ``layout``).
+FANOUT segments of one size tier merge into one HNSW segment of the next
 (``.seg<N>.usearch``; never past a quarter of the base: the write that builds a graph of
 four folds' vectors), and once the segments together hold as many vectors as the base, or a
 merge would leave a search more than ``MAX_GRAPH_SEGMENTS`` graphs to walk beside the base,
@@ -34,7 +36,10 @@ import os
 import struct
 import threading
 import time
+import uuid
 import zlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +48,7 @@ import numpy as np
 from localkb import __version__
 from localkb.atomic import read_json, replace_into, tmp_path_for, write_json
 from localkb.errors import IndexUnavailable, ModelMismatch
+from localkb.locks import try_lock, unlock
 
 #: HNSW search expansion per candidate requested (see VectorIndex.search).
 EXPANSION_PER_CANDIDATE = 8
@@ -62,6 +68,10 @@ FANOUT = 4
 #: 8-11) the vector leg's top 40 took p50 106 ms with the seven that could pile up below
 #: ~300,000 (merges are capped at a quarter of the base), 25 ms for the base alone.
 MAX_GRAPH_SEGMENTS = 2
+#: Flat segments a write may leave before it compacts inline (the backstop when compaction has
+#: not run: ``compact`` is meant to run beside the writes, see ``VectorIndex.fold``). Each flat
+#: segment of at most 4,096 vectors is one exact scan per search; the figures are in DESIGN.md.
+MAX_FLAT_SEGMENTS = 12
 
 
 def fold_threshold(base_count: int) -> int:
@@ -149,6 +159,10 @@ class VectorIndex:
         self._pending_count = 0  # changes since the last save (``_pending`` is emptied once a fold is due)
         self._log_end = 0  # bytes of whole batches in the log
         self._log_records = 0
+        self.base_file = path  # the listed base file (a compaction's rewrite names a new one)
+        self.base_id = ""  # which base: a rebuild or a rewrite writes a new one
+        self.layout = 0  # bumped by every compaction (and rebuild): the files changed, the content not
+        self._listing_stat: tuple[int, int, int] | None = None
 
     def _reset(self) -> None:
         self.base = None  # usearch Index (a view of the base file), or None when it holds nothing
@@ -169,8 +183,9 @@ class VectorIndex:
     @classmethod
     def load(cls, path: Path, model: str, dim: int) -> VectorIndex:
         """Open the saved index; raise ``IndexUnavailable`` if absent, corrupt or not ours."""
+        stat = _stat_key(path.with_suffix(".json"))  # before the read: a newer listing is noticed
         meta = read_json(path.with_suffix(".json"))
-        if meta is None or not path.exists():
+        if meta is None or not path.with_name(meta.get("base", path.name)).exists():
             raise IndexUnavailable(f"no vector index at {path.name}")
         if meta.get("model") != model or meta.get("dim") != dim:
             raise ModelMismatch(
@@ -178,15 +193,19 @@ class VectorIndex:
                 f"the knowledge base uses {model} ({dim}-d)")
         vi = cls(path, model, dim)
         vi._open_files(meta)
+        vi._listing_stat = stat
         vi._read_log()
         return vi
 
     def _open_files(self, meta: dict) -> None:
         """The base and the segments ``meta`` lists, memory-mapped; ``owner`` from the segments."""
         self._reset()
+        self.base_file = self.path.with_name(str(meta.get("base", self.path.name)))
+        self.base_id = str(meta.get("base_id", ""))
+        self.layout = int(meta.get("layout", 0))
         try:
             base = _new_index(self.dim)
-            base.view(str(self.path))
+            base.view(str(self.base_file))
             if base.ndim != self.dim or len(base) != meta.get("count"):
                 raise IndexUnavailable(f"vector index {self.path.name} does not match its metadata")
             self.base, self.base_count = (base if len(base) else None), len(base)
@@ -331,7 +350,7 @@ class VectorIndex:
             if self._fold_due():
                 self.fold(generation)
                 return
-            if not self.path.exists():  # a new index: an empty base (older than any batch) first
+            if not self.meta_path.exists():  # a new index: an empty base (older than any batch) first
                 self._write_base(None, -1)
                 self._write_meta(-1, 0, [])
                 self._empty_log()
@@ -364,40 +383,102 @@ class VectorIndex:
 
     # -- folding ---------------------------------------------------------------
     def fold(self, generation: int) -> None:
-        """Write the changes since the files as a new segment at ``generation`` and start an empty log.
+        """Write the changes since the files as a new flat segment at ``generation`` and start an
+        empty log.
 
         The segment holds what was written (the changed vectors and the keys deleted), so the
-        fold costs that, not what the base holds. Segments of one size tier are merged, FANOUT
-        at a time, into one of the next tier (a merge rewrites segments, never the base); once
-        the segments hold as many vectors as the base, or the merge due would make one graph
-        segment more than ``MAX_GRAPH_SEGMENTS``, everything is written as a new base.
+        fold costs that, not what the base holds. Merging segments and rewriting the base are
+        ``compact``'s, which runs beside the writes (the host's thread, a detached
+        ``localkb kb compact --auto``); only when it has not run for so long that more than
+        ``MAX_FLAT_SEGMENTS`` flat segments pile up does the write compact inline, so a search
+        never walks more than that many.
         """
-        if not self.path.exists():
-            self._write_base(None, -1)
         keys, vectors = self.delta.items()
         gone = np.fromiter(self._gone_since, dtype=np.uint64, count=len(self._gone_since))
+        disk = read_json(self.meta_path)
+        if disk is None:
+            self._write_base(None, -1)
+        elif (int(disk.get("layout", 0)), str(disk.get("base_id", ""))) != (self.layout, self.base_id):
+            # A compaction swapped the files since this copy opened them: fold over what the
+            # listing names now (the changes are the same; the levels and seqs are not). Only
+            # the listing is taken over; the files are opened once, by ``_reopen`` below.
+            self._adopt_listing(disk)
+        if disk is not None:  # never a seq the listing has given out (a compaction takes the next)
+            self._next_seq = max(self._next_seq, int(disk.get("next_seq", 1)))
         segments = [*self.segments]
         if len(keys) or len(gone):
             seg = _Segment(self._next_seq, len(keys), len(gone), generation, graph=False)
             self._next_seq += 1
             self._write_segment(seg, keys, vectors, gone)
             del vectors
-            self._view_segment(seg)
             segments.append(seg)
-        if sum(s.count for s in segments) >= self.base_count - self._base_shadowed:
-            self._rewrite_base(segments, generation)
-            return
-        cap = (self.base_count - self._base_shadowed) // 4
-        while (run := _mergeable(segments, fold_threshold(self.base_count), cap)) is not None:
-            if sum(s.graph for s in segments[:run]) + 1 > MAX_GRAPH_SEGMENTS:
-                # One more graph for every search to walk: the base takes them all instead.
-                self._rewrite_base(segments, generation)
-                return
-            segments[run:] = [self._merge(segments, run, generation)]
         self._write_meta(generation, self.base_count, segments)
         self._empty_log()
         self._reopen()
         self.generation = generation
+        if sum(not s.graph for s in self.segments) > MAX_FLAT_SEGMENTS:
+            # The backstop: the caller holds the store lock, so the swap needs no other.
+            compact(self.path, self.model, self.dim)
+            self._reopen()
+            self.generation = generation
+
+    def _adopt_listing(self, meta: dict) -> None:
+        """What ``fold`` writes into the next listing, from ``meta``: base, segments, seq."""
+        self.base_file = self.path.with_name(str(meta.get("base", self.path.name)))
+        self.base_id, self.layout = str(meta.get("base_id", "")), int(meta.get("layout", 0))
+        self.base_count = int(meta.get("count", 0))
+        self.segments = [_Segment(int(s["seq"]), int(s["count"]), int(s["gone"]), int(s["generation"]),
+                                  graph=bool(s.get("graph", True))) for s in meta.get("segments", [])]
+        self._next_seq = int(meta.get("next_seq", 1))
+
+    def compaction_plan(self) -> dict | None:
+        """What compaction is due over the listed segments, or None.
+
+        ``{"kind": "merge", "seqs": [...]}``: FANOUT consecutive segments of one size tier
+        (the newest such run), merged into one HNSW segment, never past a quarter of the base;
+        ``{"kind": "rewrite", "seqs": [...]}``: every segment and the base as one new base, once
+        the segments hold as many vectors as the base, or when the merge due would leave a
+        search more than ``MAX_GRAPH_SEGMENTS`` graphs to walk beside the base.
+        """
+        segs = self.segments
+        if not segs:
+            return None
+        live_base = self.base_count - self._base_shadowed
+        rewrite = {"kind": "rewrite", "seqs": [s.seq for s in segs]}
+        if sum(s.count for s in segs) >= live_base:
+            return rewrite
+        run = _mergeable(segs, fold_threshold(self.base_count), live_base // 4)
+        if run is None:
+            return None
+        if sum(s.graph for i, s in enumerate(segs) if not run <= i < run + FANOUT) + 1 > MAX_GRAPH_SEGMENTS:
+            return rewrite  # one more graph for every search to walk: the base takes them all
+        return {"kind": "merge", "seqs": [s.seq for s in segs[run : run + FANOUT]]}
+
+    def layout_changed(self) -> bool:
+        """Whether a compaction (or a rebuild) swapped the files since this copy opened them.
+
+        A stat of the listing; the listing is read only when the stat differs.
+        """
+        stat = _stat_key(self.meta_path)
+        if stat == self._listing_stat:
+            return False
+        disk = read_json(self.meta_path)
+        if disk is None:
+            return True
+        changed = (int(disk.get("layout", 0)), str(disk.get("base_id", ""))) != (self.layout, self.base_id)
+        if not changed:
+            self._listing_stat = stat  # a fold's new listing: the generation tells the rest
+        return changed
+
+    def compact(self, *, hook: Callable[[str], None] | None = None) -> dict:
+        """``compact`` over this index's files, then this copy reopened from them (its log
+        replayed); call it with nothing unsaved."""
+        if self._pending_count:
+            raise RuntimeError("save the changes before compacting")
+        result = compact(self.path, self.model, self.dim, hook=hook)
+        fresh = VectorIndex.load(self.path, self.model, self.dim)
+        self.__dict__.update(fresh.__dict__)
+        return result
 
     def _view_segment(self, seg: _Segment) -> None:
         """Map a segment's files; raise ``IndexUnavailable`` if they are not what its listing says."""
@@ -417,51 +498,6 @@ class VectorIndex:
         seg.vectors = np.memmap(path, dtype="<f4", mode="r", offset=8 * seg.count,
                                 shape=(seg.count, self.dim))
 
-    def _merge(self, segments: list[_Segment], run: int, generation: int) -> _Segment:
-        """The segments from ``run`` on as one segment of their live vectors and all their ``.gone``."""
-        parts = segments[run:]
-        masks = [self._live_in(s) for s in parts]
-        keys = np.concatenate([s.keys[m] for s, m in zip(parts, masks, strict=True)])
-        vecs = np.concatenate([s.get(m, self.dim) for s, m in zip(parts, masks, strict=True)])
-        gone = np.unique(np.concatenate([np.fromfile(self._segment_path(s.seq, ".gone"), dtype="<u8")
-                                         for s in parts]).astype(np.uint64))
-        merged = _Segment(self._next_seq, len(keys), len(gone), generation, graph=True)
-        self._next_seq += 1
-        self._write_segment(merged, keys, vecs, gone)
-        del vecs
-        self._view_segment(merged)
-        return merged
-
-    def _live_in(self, seg: _Segment) -> np.ndarray:
-        """Which keys of ``seg`` it holds the live vector of (not deleted or changed since): a mask."""
-        if seg not in self.segments:  # written by this fold: it holds the changes, all live
-            return np.ones(len(seg.keys), dtype=bool)
-        level = self.segments.index(seg) + 1
-        return np.fromiter((self.owner.get(k) == level for k in seg.keys.tolist()), bool, len(seg.keys))
-
-    def _rewrite_base(self, segments: list[_Segment], generation: int) -> None:
-        """Base, segments and changes as one new base file (the old whole fold)."""
-        full = _new_index(self.dim)
-        if self.base is not None:
-            full.load(str(self.path))
-            mentioned = np.fromiter(self.owner, dtype=np.uint64, count=len(self.owner))
-            moved = mentioned[np.atleast_1d(np.asarray(full.contains(mentioned), dtype=bool))] \
-                if len(mentioned) else mentioned
-            if len(moved):
-                full.remove(moved)
-        for seg in segments:
-            mask = self._live_in(seg)
-            if mask.any():
-                full.add(seg.keys[mask], seg.get(mask, self.dim))
-        self.base = None
-        self._write_base(full, generation)
-        count = len(full)
-        del full
-        self._write_meta(generation, count, [])
-        self._empty_log()
-        self._reopen()
-        self.generation = generation
-
     def _reopen(self) -> None:
         """The files just written, opened as a new process would (the log is empty).
 
@@ -470,17 +506,21 @@ class VectorIndex:
         a half-opened mix (one ``dict.update`` runs without releasing the GIL).
         """
         fresh = VectorIndex(self.path, self.model, self.dim)
+        stat = _stat_key(self.meta_path)
         fresh._open_files(read_json(self.meta_path) or {})
+        fresh._listing_stat = stat
         self.__dict__.update(fresh.__dict__)
         self._remove_unlisted()
 
     def _remove_unlisted(self) -> None:
         """Segment files no listing names: merged away, or left by a crash before their listing."""
         listed = {self._segment_path(s.seq, x).name for s in self.segments
-                  for x in (".usearch" if s.graph else ".flat", ".gone")}
+                  for x in (".usearch" if s.graph else ".flat", ".gone")} | {self.base_file.name}
         for p in self.path.parent.glob(f"{self.path.stem}.seg*"):
             if p.name not in listed:
                 p.unlink(missing_ok=True)
+        if self.base_file != self.path:  # a compaction rewrote the base under a new name
+            self.path.unlink(missing_ok=True)
 
     def build(self, keys: np.ndarray, vectors: np.ndarray, generation: int) -> None:
         """A fresh base holding exactly ``keys`` (a rebuild from the catalogue), the log emptied."""
@@ -496,6 +536,9 @@ class VectorIndex:
             self._write_base(full, generation)
             count = len(full)
             del full
+            old = read_json(self.meta_path) or {}
+            self.base_file, self.base_id = self.path, uuid.uuid4().hex
+            self.layout = int(old.get("layout", 0)) + 1  # a compaction under way discards its work
             self._write_meta(generation, count, [])
             self._empty_log()
         except (OSError, RuntimeError) as err:
@@ -544,6 +587,7 @@ class VectorIndex:
         write_json(self.meta_path, {
             "model": self.model, "dim": self.dim, "generation": generation,
             "count": count, "segments": [s.meta() for s in segments], "next_seq": self._next_seq,
+            "base": self.base_file.name, "base_id": self.base_id, "layout": self.layout,
             "saved": time.time(), "localkb": __version__,
         })
 
@@ -657,12 +701,172 @@ def _tier(count: int, threshold: int) -> int:
 
 
 def _mergeable(segments: list[_Segment], threshold: int, cap: int) -> int | None:
-    """Where the newest FANOUT segments start, if they are of one size tier and merged hold at
-    most ``cap`` vectors (a quarter of the base: a merge's memory stays a fraction of it)."""
-    run = segments[-FANOUT:]
-    if len(run) < FANOUT or sum(s.count for s in run) > cap:
+    """Where the newest run of FANOUT consecutive segments of one size tier starts, if merged
+    they hold at most ``cap`` vectors (a quarter of the base: a merge's memory stays a fraction
+    of it). Not only the newest FANOUT: writes fold while a compaction runs, so runs can sit
+    below newer segments."""
+    for start in range(len(segments) - FANOUT, -1, -1):
+        run = segments[start : start + FANOUT]
+        if sum(s.count for s in run) <= cap and len({_tier(s.count, threshold) for s in run}) == 1:
+            return start
+    return None
+
+
+def _stat_key(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
         return None
-    return len(segments) - FANOUT if len({_tier(s.count, threshold) for s in run}) == 1 else None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def compaction_lock_path(path: Path) -> Path:
+    """The lock one compaction at a time holds (hidden: no sweep or listing cleanup touches it)."""
+    return path.with_name(f".{path.stem}.compact.lock")
+
+
+def compact(path: Path, model: str, dim: int, *,
+            swap_lock: Callable[[], AbstractContextManager] = nullcontext,
+            hook: Callable[[str], None] | None = None) -> dict:
+    """Run every compaction step due over the index at ``path``, one at a time per index.
+
+    Each step builds its output from the listed files alone (never a writer's in-memory
+    state), outside ``swap_lock``, under temporary names; then, under ``swap_lock`` (the
+    store lock), re-reads the listing and, if the base and every input are still listed,
+    renames the output into place under a fresh seq and writes a listing that replaces the
+    inputs and keeps every segment a write added meanwhile, its ``layout`` bumped (the
+    generation unchanged: the content is the same); otherwise it discards the output. A
+    crash at any point leaves the old listing valid. ``hook(point)`` is called at
+    ``"built"`` and ``"renamed"`` (tests stop or kill there).
+    """
+    started = time.perf_counter()
+    fd = try_lock(compaction_lock_path(path))
+    if fd is None:
+        return {"state": "already running", "steps": []}
+    try:
+        before = _listed_shape(path)
+        steps: list[dict] = []
+        while True:
+            step = _compact_step(path, model, dim, swap_lock, hook)
+            if step is None:
+                break
+            steps.append(step)
+            if step["state"] != "swapped":
+                break
+        state = ("compacted" if steps and steps[-1]["state"] == "swapped" else
+                 steps[-1]["state"] if steps else "nothing due")
+        return {"state": state, "steps": steps, "segments_before": before,
+                "segments_after": _listed_shape(path), "seconds": time.perf_counter() - started}
+    finally:
+        unlock(fd)
+
+
+def _listed_shape(path: Path) -> dict:
+    meta = read_json(path.with_suffix(".json")) or {}
+    segs = meta.get("segments", [])
+    return {"base": meta.get("count", 0), "graph": sum(bool(s.get("graph")) for s in segs),
+            "flat": sum(not s.get("graph") for s in segs), "layout": meta.get("layout", 0)}
+
+
+def _live_masks(parts: list[_Segment], gones: list[np.ndarray]) -> tuple[list[np.ndarray], np.ndarray]:
+    """Which keys of each run segment (oldest first) hold live vectors, by the run alone: a
+    key's newest copy in the run, unless a newer run segment's ``.gone`` deleted it. Also every
+    key the run mentions (copies and deletes: what it shadows in older levels)."""
+    masks: list[np.ndarray] = []
+    seen = np.zeros(0, dtype=np.uint64)
+    for seg, gone in zip(reversed(parts), reversed(gones), strict=True):
+        masks.append(~np.isin(seg.keys, seen) if len(seen) else np.ones(len(seg.keys), bool))
+        seen = np.union1d(seen, np.concatenate([seg.keys, gone]).astype(np.uint64))
+    return masks[::-1], seen
+
+
+def _compact_step(path: Path, model: str, dim: int, swap_lock, hook) -> dict | None:
+    meta_path = path.with_suffix(".json")
+    meta = read_json(meta_path)
+    if meta is None:
+        return None
+    snap = VectorIndex(path, model, dim)  # the listed files only: no log, no writer's changes
+    snap._open_files(meta)
+    plan = snap.compaction_plan()
+    if plan is None:
+        return None
+    started = time.perf_counter()
+    parts = [s for s in snap.segments if s.seq in set(plan["seqs"])]
+    gones = [np.fromfile(snap._segment_path(s.seq, ".gone"), dtype="<u8").astype(np.uint64) for s in parts]
+    masks, seen = _live_masks(parts, gones)
+    tmp_main = tmp_path_for(path.with_name(f"{path.stem}.compact.usearch"))
+    tmp_gone = tmp_path_for(path.with_name(f"{path.stem}.compact.gone"))
+    if plan["kind"] == "merge":  # at most a quarter of the base: its vectors held at once
+        gone = np.unique(np.concatenate(gones)) if gones else np.zeros(0, np.uint64)
+        keys = np.concatenate([s.keys[m] for s, m in zip(parts, masks, strict=True)])
+        vecs = np.concatenate([s.get(m, dim) for s, m in zip(parts, masks, strict=True)])
+        if len(keys):
+            index = _new_index(dim)
+            index.add(keys, np.ascontiguousarray(vecs, dtype=np.float32), copy=False)
+            index.save(str(tmp_main))
+            del index
+        del vecs
+        tmp_gone.write_bytes(np.ascontiguousarray(gone, dtype="<u8").tobytes())
+        count, gone_count = len(keys), len(gone)
+    else:
+        full = _new_index(dim)
+        if snap.base is not None:
+            full.load(str(snap.base_file))
+            in_base = seen[np.atleast_1d(np.asarray(full.contains(seen), dtype=bool))] if len(seen) else seen
+            if len(in_base):
+                full.remove(in_base)
+        for seg, mask in zip(parts, masks, strict=True):  # a segment at a time: memory stays the base's
+            if mask.any():
+                full.add(seg.keys[mask], np.ascontiguousarray(seg.get(mask, dim), dtype=np.float32))
+        full.save(str(tmp_main))
+        count, gone_count = len(full), 0
+        del full
+    del snap
+    for tmp in (tmp_main, tmp_gone):
+        if tmp.exists():
+            with open(tmp, "rb") as fh:
+                os.fsync(fh.fileno())
+    built = time.perf_counter() - started
+    step = {"kind": plan["kind"], "inputs": len(parts), "vectors": count, "build_seconds": built}
+    if hook:
+        hook("built")
+    with swap_lock():
+        now = read_json(meta_path)
+        listed = {int(s["seq"]) for s in (now or {}).get("segments", [])}
+        if (now is None or now.get("base_id", "") != meta.get("base_id", "")
+                or now.get("base", path.name) != meta.get("base", path.name)
+                or not set(plan["seqs"]) <= listed):
+            # A rebuild (or a model switch) replaced the files meanwhile: this work is moot.
+            tmp_main.unlink(missing_ok=True)
+            tmp_gone.unlink(missing_ok=True)
+            return {**step, "state": "discarded"}
+        seq = int(now.get("next_seq", 1))
+        old_base = now.get("base", path.name)
+        segs = now["segments"]
+        first = next(i for i, s in enumerate(segs) if int(s["seq"]) in set(plan["seqs"]))
+        kept = [s for s in segs if int(s["seq"]) not in set(plan["seqs"])]
+        new = dict(now, next_seq=seq + 1, layout=int(now.get("layout", 0)) + 1, saved=time.time())
+        if plan["kind"] == "merge":
+            if tmp_main.exists():
+                os.replace(tmp_main, path.with_name(f"{path.stem}.seg{seq}.usearch"))
+            os.replace(tmp_gone, path.with_name(f"{path.stem}.seg{seq}.gone"))
+            merged = {"seq": seq, "count": count, "gone": gone_count,
+                      "generation": max(int(s.generation) for s in parts), "graph": True}
+            new["segments"] = [*kept[:first], merged, *kept[first:]]
+        else:
+            base_name = f"{path.stem}.seg{seq}.base"
+            os.replace(tmp_main, path.with_name(base_name))
+            new.update(segments=kept, base=base_name, base_id=uuid.uuid4().hex, count=count)
+        if hook:
+            hook("renamed")
+        write_json(meta_path, new)  # the commit
+        for s in segs:  # the inputs, and a rewritten base: no listing names them now
+            if int(s["seq"]) in set(plan["seqs"]):
+                for suffix in (".usearch" if s.get("graph", True) else ".flat", ".gone"):
+                    path.with_name(f"{path.stem}.seg{s['seq']}{suffix}").unlink(missing_ok=True)
+        if plan["kind"] == "rewrite":
+            path.with_name(old_base).unlink(missing_ok=True)
+    return {**step, "state": "swapped", "seconds": time.perf_counter() - started}
 
 
 class Changed:
