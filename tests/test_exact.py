@@ -311,11 +311,20 @@ PGDOCS = REPO / "evals" / "pgdocs" / "sample"
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_real_docs_sample_meets_its_targets(engine):
-    """PostgreSQL manual pages judged by the manual's own index (evals/pgdocs/build.py --sample)."""
+def test_real_docs_sample_meets_its_targets(engine, monkeypatch):
+    """PostgreSQL manual pages judged by the manual's own index (evals/pgdocs/build.py --sample).
+
+    Scored with the packaged int8 model, the one every install has: which variant the
+    embedder uses is chosen by timing on each machine, and on this 38-query sample the
+    variants differ by one query (``pg_ident.conf``: two pages' best passages tie in the
+    fusion to the fourth decimal; built-fp32 and packaged-int8 rank the judged page first,
+    this machine's built-int8 second), so the check would depend on the machine.
+    """
     from localkb.retrieval.evaluate import run_eval
 
+    monkeypatch.setenv("LOCALKB_MODEL_VARIANT", "packaged-int8")
     res = run_eval(PGDOCS, baseline="bm25", keyword_engine=engine)
+    assert res["variant"] == "packaged-int8", res["variant"]
     assert res["keyword_engine"] == engine
     assert res["failed_documents"] == [] and res["absent_queries"] >= 30
     for mode in ("vector", "keyword", "hybrid"):
