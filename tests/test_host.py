@@ -347,20 +347,26 @@ def test_every_string_and_number_field_of_every_message_type_refuses_what_cannot
     print(f"{len(bodies)} frames, every one refused as invalid_input")
 
 
-def test_the_host_compacts_the_vector_index_in_the_background_after_a_write(tmp_path):
-    """A store whose vector index has a rewrite due (1,100 passages folded by a CLI add with
-    compaction off); one small write through the host starts the compaction on its own
-    thread: the reply comes back, status keeps answering, and the listing ends compacted."""
-    import time
-
+def _docs_with_folds(tmp_path):
+    """A knowledge base "Docs" of 1,100 notes added by the CLI with compaction off: its vector
+    log folded, a compaction due. Returns the data dir and the knowledge base's id."""
     home = tmp_path / "home"
     folder = tmp_path / "notes"
     folder.mkdir()
     for i in range(1100):
         (folder / f"n{i:04}.md").write_text(f"# Note {i}\n\nAbout widget {i} and cable {i % 7}.")
     made = run_cli(["kb", "create", "Docs", "--model", "hashing-256", "--json"], home, check=True)
-    kb_id = json.loads(made.stdout)["id"]
     run_cli(["add", "Docs", str(folder)], home, check=True, env={"LOCALKB_COMPACT": "off"})
+    return home, json.loads(made.stdout)["id"]
+
+
+def test_the_host_compacts_the_vector_index_in_the_background_after_a_write(tmp_path):
+    """A store whose vector index has a rewrite due (1,100 passages folded by a CLI add with
+    compaction off); one small write through the host starts the compaction on its own
+    thread: the reply comes back, status keeps answering, and the listing ends compacted."""
+    import time
+
+    home, kb_id = _docs_with_folds(tmp_path)
     [meta] = (home / "kbs" / kb_id).glob("vectors-*.json")
     assert json.loads(meta.read_text())["segments"]
     with HostProcess(HOST, home=home) as host:
@@ -385,15 +391,8 @@ def test_a_host_that_opened_the_index_before_a_cli_compaction_writes_without_lis
     """The host's copy of the vector index predates a ``localkb kb compact`` in another process:
     its next search and write see the new layout (a stat of the listing), so the listing it
     leaves names only files that exist, and counts agree with the catalogue."""
-    home = tmp_path / "home"
-    folder = tmp_path / "notes"
-    folder.mkdir()
-    for i in range(1100):
-        (folder / f"n{i:04}.md").write_text(f"# Note {i}\n\nAbout widget {i} and cable {i % 7}.")
-    made = run_cli(["kb", "create", "Docs", "--model", "hashing-256", "--json"], home, check=True)
-    kb_id = json.loads(made.stdout)["id"]
+    home, kb_id = _docs_with_folds(tmp_path)
     off = {"LOCALKB_COMPACT": "off"}
-    run_cli(["add", "Docs", str(folder)], home, check=True, env=off)
     folder_of = home / "kbs" / kb_id
     [meta] = folder_of.glob("vectors-*.json")
     with HostProcess(HOST, home=home, env=off) as host:

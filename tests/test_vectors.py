@@ -409,6 +409,18 @@ def _writes(vi: VectorIndex, vecs: dict, gen: int, key: int, n: int, *, seed: in
     return gen, key + n
 
 
+def _merge_due(tmp_path: Path) -> tuple[VectorIndex, dict, int, int]:
+    """A 24,000-vector base and FANOUT folds of 1,100 written beside it: a merge is due."""
+    n = 24_000
+    vi = VectorIndex(tmp_path / "v.usearch", "m", DIM)
+    vi.build(np.arange(n, dtype=np.uint64), unit(n, 1), generation=1)
+    vecs = dict(zip(range(n), unit(n, 1), strict=True))
+    gen, key = 1, 10**6
+    for _ in range(vmod.FANOUT):
+        gen, key = _writes(vi, vecs, gen, key, 1100, seed=gen)
+    return vi, vecs, gen, key
+
+
 def test_a_write_that_makes_a_merge_due_only_folds_and_compaction_merges(tmp_path: Path) -> None:
     n = 24_000  # fold line 1,024; a merge of four 1,100-vector folds is under a quarter of the base
     vi = VectorIndex(tmp_path / "v.usearch", "m", DIM)
@@ -458,13 +470,7 @@ def test_a_write_that_makes_a_base_rewrite_due_only_folds_and_compaction_rewrite
 def test_a_fold_that_lands_while_a_compaction_builds_is_kept_by_the_swap(tmp_path: Path) -> None:
     import threading
 
-    n = 24_000
-    vi = VectorIndex(tmp_path / "v.usearch", "m", DIM)
-    vi.build(np.arange(n, dtype=np.uint64), unit(n, 1), generation=1)
-    vecs = dict(zip(range(n), unit(n, 1), strict=True))
-    gen, key = 1, 10**6
-    for _ in range(vmod.FANOUT):
-        gen, key = _writes(vi, vecs, gen, key, 1100, seed=gen)
+    vi, vecs, gen, key = _merge_due(tmp_path)
     run_keys = list(range(10**6, 10**6 + 50))  # in the run being merged
     built, go, out = threading.Event(), threading.Event(), {}
 
@@ -530,13 +536,7 @@ def test_a_stale_copy_in_another_process_writes_after_a_compaction_without_listi
     import subprocess
     import sys
 
-    n = 24_000
-    vi = VectorIndex(tmp_path / "v.usearch", "m", DIM)
-    vi.build(np.arange(n, dtype=np.uint64), unit(n, 1), generation=1)
-    vecs = dict(zip(range(n), unit(n, 1), strict=True))
-    gen, key = 1, 10**6
-    for _ in range(vmod.FANOUT):
-        gen, key = _writes(vi, vecs, gen, key, 1100, seed=gen)
+    vi, vecs, _gen, _key = _merge_due(tmp_path)
     proc = subprocess.Popen([sys.executable, "-c", _STALE, str(vi.path), str(DIM), str(tmp_path / "v.npy")],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -578,13 +578,7 @@ def test_a_compaction_killed_mid_way_leaves_the_index_valid(tmp_path: Path, poin
 
     from localkb.atomic import sweep_tmp
 
-    n = 24_000
-    vi = VectorIndex(tmp_path / "v.usearch", "m", DIM)
-    vi.build(np.arange(n, dtype=np.uint64), unit(n, 1), generation=1)
-    vecs = dict(zip(range(n), unit(n, 1), strict=True))
-    gen, key = 1, 10**6
-    for _ in range(vmod.FANOUT):
-        gen, key = _writes(vi, vecs, gen, key, 1100, seed=gen)
+    vi, vecs, gen, key = _merge_due(tmp_path)
     listed = _listing(vi)
     done = subprocess.run([sys.executable, "-c", _KILLED, str(vi.path), str(DIM), point], check=False)
     assert done.returncode == -9
@@ -605,13 +599,7 @@ def test_a_compaction_killed_mid_way_leaves_the_index_valid(tmp_path: Path, poin
 def test_one_compaction_at_a_time(tmp_path: Path) -> None:
     import threading
 
-    n = 24_000
-    vi = VectorIndex(tmp_path / "v.usearch", "m", DIM)
-    vi.build(np.arange(n, dtype=np.uint64), unit(n, 1), generation=1)
-    vecs = dict(zip(range(n), unit(n, 1), strict=True))
-    gen, key = 1, 10**6
-    for _ in range(vmod.FANOUT):
-        gen, key = _writes(vi, vecs, gen, key, 1100, seed=gen)
+    vi, _vecs, _gen, _key = _merge_due(tmp_path)
     built, go, out = threading.Event(), threading.Event(), {}
 
     def hook(point: str) -> None:
