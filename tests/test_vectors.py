@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -409,6 +411,29 @@ def _writes(vi: VectorIndex, vecs: dict, gen: int, key: int, n: int, *, seed: in
     return gen, key + n
 
 
+@contextmanager
+def _compaction_held_at_built(vi: VectorIndex) -> Iterator[dict]:
+    """A compaction of ``vi`` on a thread, held once its output is built (before the swap) for
+    the block's length, then let go and joined; yields the dict its result lands in."""
+    import threading
+
+    built, go, out = threading.Event(), threading.Event(), {}
+
+    def hook(point: str) -> None:
+        if point == "built":
+            built.set()
+            assert go.wait(60)
+
+    worker = threading.Thread(target=lambda: out.update(vmod.compact(vi.path, "m", DIM, hook=hook)))
+    worker.start()
+    try:
+        assert built.wait(120)
+        yield out
+    finally:
+        go.set()
+        worker.join(120)
+
+
 def _merge_due(tmp_path: Path) -> tuple[VectorIndex, dict, int, int]:
     """A 24,000-vector base and FANOUT folds of 1,100 written beside it: a merge is due."""
     n = 24_000
@@ -468,33 +493,20 @@ def test_a_write_that_makes_a_base_rewrite_due_only_folds_and_compaction_rewrite
 
 
 def test_a_fold_that_lands_while_a_compaction_builds_is_kept_by_the_swap(tmp_path: Path) -> None:
-    import threading
-
     vi, vecs, gen, key = _merge_due(tmp_path)
     run_keys = list(range(10**6, 10**6 + 50))  # in the run being merged
-    built, go, out = threading.Event(), threading.Event(), {}
-
-    def hook(point: str) -> None:
-        if point == "built":
-            built.set()
-            assert go.wait(60)
-
-    worker = threading.Thread(target=lambda: out.update(vmod.compact(vi.path, "m", DIM, hook=hook)))
-    worker.start()
-    assert built.wait(120)
-    # Meanwhile a write folds: it moves keys the run holds, deletes others (some in the run,
-    # some in the base) and adds new ones.
-    moved = unit(25, 4242)
-    vi.upsert(np.array(run_keys[:25], dtype=np.uint64), moved)
-    vecs.update(zip(run_keys[:25], moved, strict=True))
-    dead = [k for k in run_keys[25:] if k in vecs][:10] + [k for k in range(500, 520) if k in vecs]
-    vi.remove(np.array(dead, dtype=np.uint64))
-    for k in dead:
-        del vecs[k]
-    gen, key = _writes(vi, vecs, gen, key, 1100, seed=gen)
-    assert len(_listing(vi)["segments"]) == vmod.FANOUT + 1
-    go.set()
-    worker.join(120)
+    with _compaction_held_at_built(vi) as out:
+        # Meanwhile a write folds: it moves keys the run holds, deletes others (some in the run,
+        # some in the base) and adds new ones.
+        moved = unit(25, 4242)
+        vi.upsert(np.array(run_keys[:25], dtype=np.uint64), moved)
+        vecs.update(zip(run_keys[:25], moved, strict=True))
+        dead = [k for k in run_keys[25:] if k in vecs][:10] + [k for k in range(500, 520) if k in vecs]
+        vi.remove(np.array(dead, dtype=np.uint64))
+        for k in dead:
+            del vecs[k]
+        gen, key = _writes(vi, vecs, gen, key, 1100, seed=gen)
+        assert len(_listing(vi)["segments"]) == vmod.FANOUT + 1
     assert [s["state"] for s in out["steps"]] == ["swapped"]
     listing = _listing(vi)
     assert [s["graph"] for s in listing["segments"]] == [True, False]  # the fold's segment kept, after
@@ -597,22 +609,7 @@ def test_a_compaction_killed_mid_way_leaves_the_index_valid(tmp_path: Path, poin
 
 
 def test_one_compaction_at_a_time(tmp_path: Path) -> None:
-    import threading
-
     vi, _vecs, _gen, _key = _merge_due(tmp_path)
-    built, go, out = threading.Event(), threading.Event(), {}
-
-    def hook(point: str) -> None:
-        if point == "built":
-            built.set()
-            assert go.wait(60)
-
-    worker = threading.Thread(target=lambda: out.update(vmod.compact(vi.path, "m", DIM, hook=hook)))
-    worker.start()
-    try:
-        assert built.wait(120)
+    with _compaction_held_at_built(vi) as out:
         assert vmod.compact(vi.path, "m", DIM)["state"] == "already running"
-    finally:
-        go.set()
-        worker.join(120)
     assert out["state"] == "compacted"
