@@ -165,6 +165,54 @@ def _listing(home: Path, kb_id: str) -> dict:
     return json.loads(meta.read_text())
 
 
+def test_kb_list_and_host_status_show_how_many_segments_each_index_has(tmp_path):
+    """Every query walks every segment, so how many there are is shown where a user looks:
+    ``kb list`` (a column, and in --json) and the host's ``status`` give the vector index's
+    graph and flat segments and the keyword index's segments, read from the listings on
+    disk (status opens no index), and they change when a compaction merges them."""
+    from hostproc import HostProcess
+
+    home = tmp_path / "home"
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    for i in range(1100):  # past the fold line: one flat vector segment, compaction off
+        (folder / f"n{i:04}.md").write_text(f"# Note {i}\n\nAbout widget {i} and cable {i % 7}.")
+    off = {"LOCALKB_COMPACT": "off"}
+    made = run_cli(["kb", "create", "Segs", "--model", "hashing-256", "--json"], home, check=True)
+    kb_id = json.loads(made.stdout)["id"]
+    run_cli(["add", "Segs", str(folder)], home, check=True, env=off)
+    listing = _listing(home, kb_id)
+    flat = sum(not s.get("graph", True) for s in listing["segments"])
+    graph = sum(bool(s.get("graph", True)) for s in listing["segments"])
+    assert flat == 1 and graph == 0
+
+    def listed() -> dict:
+        [row] = json.loads(run_cli(["kb", "list", "--json"], home, check=True, env=off).stdout)[
+            "knowledge_bases"]
+        return row["segments"]
+
+    before = listed()
+    assert before["vector_flat"] == 1 and before["vector_graph"] == 0
+    assert before["keyword"] >= 1
+    text = run_cli(["kb", "list"], home, check=True, env=off).stdout
+    header, line = text.splitlines()[:2]
+    assert "segments" in header
+    assert f"1+{before['keyword']}" not in line  # the cell says which index is which
+    assert f"vec 0g+1f kw {before['keyword']}" in line
+
+    with HostProcess([sys.executable, "-m", "localkb", "host"], home=home, env=off) as host:
+        reply = host.request({"id": 1, "type": "status", "data": {}})
+        assert reply["ok"], reply
+        [kb] = reply["result"]["knowledge_bases"]
+    assert kb["segments"] == before
+    assert kb["index_health"] == "ok", kb  # the listing of the engine in use (tantivy by default)
+
+    run_cli(["kb", "compact", "Segs"], home, check=True, env=off)
+    after = listed()
+    assert after["vector_flat"] == 0 and after["vector_graph"] == 0
+    assert after["keyword"] == before["keyword"]  # compaction is the vector index's
+
+
 def test_a_write_leaves_vector_compaction_to_a_detached_process_or_to_kb_compact(tmp_path):
     """A write past the fold line folds the log into a flat segment and returns; the merge or
     base rewrite that leaves due runs in a detached ``kb compact --auto`` (LOCALKB_COMPACT

@@ -111,9 +111,14 @@ def cmd_kb_create(args, out: Out) -> int:
 
 
 def cmd_kb_list(args, out: Out) -> int:
+    from localkb.store.listing import index_summary, segments_label
+
     library = _library(args)
     down = {t["team"]: t["error"] for t in library.refresh() if not t["ok"]}
     rows = [{"origin": "local", **r.public(), **library.counts(r.id)} for r in library.kbs()]
+    for r in rows:
+        if r["origin"] == "local":  # from the listings on disk: no index is opened
+            r["segments"] = index_summary(library.local.kb_dir(r["id"]), library.record(r["id"]))["segments"]
     for r in rows:
         if r.get("team") in down:
             r["unavailable"] = down[r["team"]]
@@ -121,9 +126,11 @@ def cmd_kb_list(args, out: Out) -> int:
     def text() -> str:
         if not rows:
             return "no knowledge bases yet: localkb kb create NAME"
-        lines = [f"{'name':24} {'privacy':8} {'model':20} {'keywords':16} {'sources':>7} {'chunks':>7}  id"]
+        lines = [f"{'name':24} {'privacy':8} {'model':20} {'keywords':16} {'sources':>7} {'chunks':>7}  "
+                 f"{'segments':16}  id"]
         lines += [f"{r['name'][:24]:24} {r['privacy']:8} {r['model'][:20]:20} "
-                  f"{_engine_label(r):16} {r['sources']:>7} {r['chunks']:>7}  {r['id']}"
+                  f"{_engine_label(r):16} {r['sources']:>7} {r['chunks']:>7}  "
+                  f"{segments_label(r.get('segments')) or '-':16}  {r['id']}"
                   + (f"  team {r['team']}" if r["origin"] == "team" else "")
                   + ("  (unreachable: last known listing)" if "unavailable" in r else "") for r in rows]
         return "\n".join(lines)

@@ -121,10 +121,13 @@ def h_status(data: dict, ctx) -> dict:
         from localkb.store.catalog import Catalog
 
         catalog = _store.catalog if _store is not None else Catalog(settings.data_dir / "catalog.sqlite")
+        from localkb.store.listing import index_summary
+
         kbs = []
         for rec in catalog.kbs():
+            summary = index_summary(settings.data_dir / "kbs" / rec.id, rec)
             kbs.append({**rec.public(), **catalog.counts(rec.id),
-                        "index_health": _index_health(settings, rec)})
+                        "index_health": summary["health"], "segments": summary["segments"]})
         from localkb.team.attached import load_attachments
 
         # Attached teams from their last listing: status never waits on the network.
@@ -139,19 +142,6 @@ def h_status(data: dict, ctx) -> dict:
         out["ready"] = False
         out["problem"] = f"{type(err).__name__}: {err}"
     return out
-
-
-def _index_health(settings: Settings, rec) -> str:
-    from localkb.atomic import read_json
-
-    folder = settings.data_dir / "kbs" / rec.id
-    vec = read_json(folder / f"vectors-{rec.model}.json")
-    kw = read_json(folder / "keywords.json")
-    if vec is None or kw is None:
-        return "missing (rebuilt on first use)"
-    if vec.get("generation") != rec.generation or kw.get("generation") != rec.generation:
-        return "behind the catalogue (caught up on first use)"
-    return "ok"
 
 
 def _model_state(settings: Settings) -> dict:

@@ -22,6 +22,7 @@ from typing import Protocol
 
 from localkb.errors import InvalidInput
 from localkb.store.keywords import KeywordHit, KeywordIndex
+from localkb.store.listing import keyword_folder as folder_for
 
 ENGINES = ("whoosh", "tantivy")
 CHOICES = ("auto", *ENGINES)
@@ -54,10 +55,6 @@ def check_choice(choice: object) -> str:
 def effective(choice: str) -> str:
     """The engine a knowledge base with this choice uses."""
     return choice if choice in ENGINES else AUTO
-
-
-def folder_for(kb_dir: Path, engine: str) -> Path:
-    return kb_dir / ("keywords" if engine == "whoosh" else f"keywords-{engine}")
 
 
 def _cls(engine: str):

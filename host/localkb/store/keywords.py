@@ -194,7 +194,8 @@ class EngineBase:
         """Record the generation the index now reflects (after its commit)."""
         try:
             write_json(self.meta_path, {"engine": self.engine, "generation": generation,
-                                        "schema": SCHEMA, "count": self.doc_count(), "saved": time.time(),
+                                        "schema": SCHEMA, "count": self.doc_count(),
+                                        "segments": self.segment_count(), "saved": time.time(),
                                         "localkb": __version__})
         except OSError as err:
             raise IndexUnavailable(f"keyword index {self.folder.name} could not be saved: {err}") from err
