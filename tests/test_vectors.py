@@ -583,14 +583,32 @@ vectors.compact(Path(sys.argv[1]), "m", int(sys.argv[2]), hook=hook)
 """
 
 
+def _rewrite_due(tmp_path: Path) -> tuple[VectorIndex, dict, int, int]:
+    """A 4,000-vector base and FANOUT folds of 1,100 beside it: they outgrow the base, so a
+    base rewrite is due (a merge is capped at a quarter of the base)."""
+    n = 4000
+    vi = VectorIndex(tmp_path / "v.usearch", "m", DIM)
+    vi.build(np.arange(n, dtype=np.uint64), unit(n, 1), generation=1)
+    vecs = dict(zip(range(n), unit(n, 1), strict=True))
+    gen, key = 1, 10**6
+    for _ in range(vmod.FANOUT):
+        gen, key = _writes(vi, vecs, gen, key, 1100, seed=gen)
+    return vi, vecs, gen, key
+
+
+@pytest.mark.parametrize("kind", ["merge", "rewrite"])
 @pytest.mark.parametrize("point", ["built", "renamed"])
-def test_a_compaction_killed_mid_way_leaves_the_index_valid(tmp_path: Path, point: str) -> None:
+def test_a_compaction_killed_mid_way_leaves_the_index_valid(tmp_path: Path, point: str, kind: str) -> None:
+    """kill -9 after the output is built, and after it is renamed into place but before the
+    listing names it: for a merge of segments and for a rewrite of the base (whose new file
+    has a new name beside the listed one), the old listing stands and answers exactly."""
     import subprocess
     import sys
 
     from localkb.atomic import sweep_tmp
 
-    vi, vecs, gen, key = _merge_due(tmp_path)
+    vi, vecs, gen, key = (_merge_due if kind == "merge" else _rewrite_due)(tmp_path)
+    assert vi.compaction_plan()["kind"] == kind
     listed = _listing(vi)
     done = subprocess.run([sys.executable, "-c", _KILLED, str(vi.path), str(DIM), point], check=False)
     assert done.returncode == -9
@@ -598,6 +616,8 @@ def test_a_compaction_killed_mid_way_leaves_the_index_valid(tmp_path: Path, poin
     _assert_equals_brute_force(vi.path, vecs, 12)
     left = [p.name for p in tmp_path.iterdir() if p.name.startswith(".") and p.name.endswith(".tmp")]
     assert bool(left) == (point == "built")  # built, not yet renamed: the dead process's tmp files
+    unlisted = {p.name for p in tmp_path.glob("v.seg*")} - _listed_files(vi.path)
+    assert bool(unlisted) == (point == "renamed"), unlisted  # renamed in, never listed
     sweep_tmp(tmp_path, tmp_path / "none")
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
     # A compaction after it does the work; orphans a kill left are never listed, and go.
