@@ -436,7 +436,17 @@ def _compaction_held_at_built(vi: VectorIndex) -> Iterator[dict]:
 
 def _merge_due(tmp_path: Path) -> tuple[VectorIndex, dict, int, int]:
     """A 24,000-vector base and FANOUT folds of 1,100 written beside it: a merge is due."""
-    n = 24_000
+    return _base_and_folds(tmp_path, 24_000)
+
+
+def _rewrite_due(tmp_path: Path) -> tuple[VectorIndex, dict, int, int]:
+    """A 4,000-vector base and FANOUT folds of 1,100 beside it: they outgrow the base, so a
+    base rewrite is due (a merge is capped at a quarter of the base)."""
+    return _base_and_folds(tmp_path, 4000)
+
+
+def _base_and_folds(tmp_path: Path, n: int) -> tuple[VectorIndex, dict, int, int]:
+    """An ``n``-vector base and FANOUT folds of 1,100 written beside it."""
     vi = VectorIndex(tmp_path / "v.usearch", "m", DIM)
     vi.build(np.arange(n, dtype=np.uint64), unit(n, 1), generation=1)
     vecs = dict(zip(range(n), unit(n, 1), strict=True))
@@ -581,19 +591,6 @@ def hook(point):
         os.kill(os.getpid(), signal.SIGKILL)
 vectors.compact(Path(sys.argv[1]), "m", int(sys.argv[2]), hook=hook)
 """
-
-
-def _rewrite_due(tmp_path: Path) -> tuple[VectorIndex, dict, int, int]:
-    """A 4,000-vector base and FANOUT folds of 1,100 beside it: they outgrow the base, so a
-    base rewrite is due (a merge is capped at a quarter of the base)."""
-    n = 4000
-    vi = VectorIndex(tmp_path / "v.usearch", "m", DIM)
-    vi.build(np.arange(n, dtype=np.uint64), unit(n, 1), generation=1)
-    vecs = dict(zip(range(n), unit(n, 1), strict=True))
-    gen, key = 1, 10**6
-    for _ in range(vmod.FANOUT):
-        gen, key = _writes(vi, vecs, gen, key, 1100, seed=gen)
-    return vi, vecs, gen, key
 
 
 @pytest.mark.parametrize("kind", ["merge", "rewrite"])
