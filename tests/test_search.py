@@ -254,6 +254,23 @@ def test_eval_reads_any_beir_folder(tmp_path: Path):
     assert res["queries"] == 1 and res["documents"] == 2
 
 
+def test_eval_reports_capped_recall_and_the_recall_ceiling_of_queries_with_several_judged_pages():
+    """BEIR's recall@1 of a query with two judged pages is at most 0.5, so a perfect ranking
+    does not score 1; the eval also reports BEIR's capped recall (R_cap@k: hits over
+    min(k, judged)) and, per kind, the best recall@1 the set allows."""
+    from localkb.retrieval.evaluate import format_table, metrics
+
+    m = metrics(["a", "x"], {"a": 1, "b": 1})
+    assert m["recall@1"] == 0.5 and m["r_cap@1"] == 1.0
+    assert metrics(["x", "a"], {"a": 1, "b": 1})["r_cap@1"] == 0.0
+    assert metrics(["a"], {"a": 1})["r_cap@1"] == metrics(["a"], {"a": 1})["recall@1"] == 1.0
+    res = run_eval(CODES, model="hashing-256", modes=("keyword",))
+    assert res["recall@1_ceiling"]["overall"] == 1.0  # one judged page per question
+    assert res["modes"]["keyword"]["overall"]["r_cap@1"] >= res["modes"]["keyword"]["overall"]["recall@1"]
+    table = format_table(res)
+    assert "r_cap@1" in table.splitlines()[1] and "recall@1 at best" in table
+
+
 def test_eval_intervals_tell_a_real_difference_from_spread():
     from localkb.retrieval.evaluate import bootstrap_ci, compare
 

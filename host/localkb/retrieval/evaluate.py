@@ -90,10 +90,16 @@ def load_beir(path: Path, split: str = "test") -> tuple[dict, dict, dict]:
 
 
 def metrics(ranked: Sequence[str], relevant: dict[str, int]) -> dict[str, float]:
-    """recall@1/3/5/10, MRR@10 and nDCG@10 (BEIR's definitions) for one query."""
+    """recall@1/3/5/10, R_cap@1, MRR@10 and nDCG@10 (BEIR's definitions) for one query.
+
+    recall@k is the judged pages in the top k over all judged pages, so a query with two
+    judged pages scores at most 0.5 at k=1 however good the ranking; BEIR's capped recall
+    divides by min(k, judged) instead (R_cap@1: whether the first page is a judged one).
+    """
     out = {}
     for cut in CUTS:
         out[f"recall@{cut}"] = len(set(ranked[:cut]) & set(relevant)) / len(relevant)
+    out["r_cap@1"] = float(bool(ranked[:1]) and ranked[0] in relevant)
     rr = next((1.0 / (i + 1) for i, d in enumerate(ranked[:10]) if d in relevant), 0.0)
     out["mrr@10"] = rr
     dcg = sum(relevant.get(d, 0) / math.log2(i + 2) for i, d in enumerate(ranked[:10]))
@@ -269,6 +275,8 @@ def run_eval(path: str | Path, *, modes: Sequence[str] = ("vector", "keyword", "
                             wrong.append(qid)
                     results["modes"][name]["absent_reported"] = len(wrong)
                     results["modes"][name]["absent_wrong"] = wrong
+            # The best recall@1 the judgements allow (1/judged pages per query), per kind.
+            results["recall@1_ceiling"] = _ceiling(queries, qrels)
             results["compare"] = compare(ndcgs)
             if per_query:
                 results["per_query_ndcg"] = ndcgs
@@ -278,6 +286,18 @@ def run_eval(path: str | Path, *, modes: Sequence[str] = ("vector", "keyword", "
         finally:
             if given is None:
                 store.close()
+
+
+def _ceiling(queries: dict, qrels: dict) -> dict[str, float]:
+    """The mean of min(1, 1/judged pages): recall@1 of a ranking whose first page is always judged."""
+    best = {qid: min(1.0, 1 / len(qrels[qid])) for qid in queries}
+    kinds: dict[str, list[float]] = defaultdict(list)
+    for qid, b in best.items():
+        kinds[str(queries[qid].get("kind") or "all")].append(b)
+    out = {"overall": round(sum(best.values()) / max(1, len(best)), 4)}
+    if len(kinds) > 1:
+        out.update({k: round(sum(v) / len(v), 4) for k, v in sorted(kinds.items())})
+    return out
 
 
 def _summary(per_query: dict, queries: dict, ndcg: list[float], latencies: list[float]) -> dict:
@@ -352,7 +372,7 @@ def _loader(doc_id: str, d: dict, pages: dict[str, str]):
 
 def format_table(res: dict) -> str:
     """The figures as a plain table, one row per mode (and per kind when queries have kinds)."""
-    cols = ["recall@1", "recall@3", "recall@5", "recall@10", "mrr@10", "ndcg@10"]
+    cols = ["recall@1", "r_cap@1", "recall@3", "recall@5", "recall@10", "mrr@10", "ndcg@10"]
     split = "" if res.get("split", "test") == "test" else f" ({res['split']} split)"
     absent = res.get("absent_queries", 0)
     lines = [f"{res['dataset']}{split}: {res['documents']} documents, {res['passages']} passages, "
@@ -379,6 +399,9 @@ def format_table(res: dict) -> str:
         lo, hi = c["ci95"]
         lines.append(f"{label}: nDCG@10 {c['ndcg@10']:+.3f} (paired 95% CI {lo:+.3f} to {hi:+.3f}; "
                      f"better on {c['better']} queries, worse on {c['worse']})")
+    if res.get("recall@1_ceiling"):
+        lines.append("recall@1 at best (a judged page first for every query; r_cap@1 counts that as 1): "
+                     + ", ".join(f"{k} {v:.3f}" for k, v in res["recall@1_ceiling"].items()))
     for mode, m in res["modes"].items():
         if m.get("absent_wrong"):
             lines.append(f"{mode}: absent queries reported as passages: "
