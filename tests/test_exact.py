@@ -465,6 +465,27 @@ def test_defining_spans_are_titles_headings_terms_first_cells_and_signatures():
         "pg_mcv_list_items"]
 
 
+def test_a_longer_name_that_contains_a_name_does_not_define_it():
+    """``macaddr8_set7bit`` is another function than ``macaddr8``: a row or signature naming it
+    defines that name, not the parts it is made of (before, the part matched, so the function
+    table outranked the data type's own page for the query ``macaddr8``). A name found
+    through its back-off is still defined by its back-off forms."""
+    from localkb.ingest.chunk import OWN_ENTRY
+    from localkb.retrieval.search import TermMatch, defined_terms
+    from localkb.store.analysis import plan_query
+
+    [mac] = plan_query("macaddr8").exact
+    whole = [TermMatch(mac, "whole")]
+    row = "| `macaddr8_set7bit` ( `macaddr8` ) → `macaddr8` Sets the 7th bit of the address"
+    assert defined_terms(whole, "9.12. Network Address Functions", row) == (0, 0)
+    assert defined_terms(whole, "8.9. Network Address Types", "## 8.9.5. `macaddr8`\nThe type.")[0] == 1
+    assert defined_terms(whole, None, "`macaddr8`\n: An EUI-64 address.") == (1, OWN_ENTRY)
+    [done] = plan_query("asyncio.Task.done").exact
+    assert done.backoff, done
+    via = [TermMatch(done, "backoff", via="Task.done")]
+    assert defined_terms(via, "class asyncio.Task", "Task.done()\n: Return True if done.")[0] == 1
+
+
 def test_a_lower_case_prefix_on_an_acronym_is_a_word_not_a_code_name(store, kb):
     """Before: ``siRNA`` (like ``mRNA``, ``iPSC``, ``mTOR``) counted as camelCase, so a page
     writing "small interfering RNA" was reported as not mentioning it."""

@@ -21,7 +21,7 @@ import numpy as np
 from localkb.errors import EmbeddingUnavailable, InvalidInput, LocalKBError
 from localkb.ingest.chunk import defining_spans_ranked, passage_text
 from localkb.retrieval.hybrid import rrf
-from localkb.store.analysis import ExactTerm, QueryPlan, analyze, plan_query
+from localkb.store.analysis import ExactTerm, QueryPlan, analyze, named_terms, plan_query
 from localkb.store.base import KnowledgeBaseHandle, KnowledgeStore, Legs
 from localkb.store.catalog import vector_key
 from localkb.store.keywords import KeywordHit
@@ -167,15 +167,20 @@ def defined_terms(present: Sequence[TermMatch], title: str | None, text: str) ->
     """How many of the exact terms a passage defines (``ingest.chunk.defining_spans``), and
     how strongly: ``OWN_ENTRY`` when one has its own entry there, else ``LISTING_ROW``.
 
-    A term counts in its whole form, or, when it was found through its back-off, in any of
-    its back-off forms (``Task.done()`` under ``class asyncio.Task`` defines
-    ``asyncio.Task.done``).
+    A term found whole counts where a span writes it as a name (``named_terms``: a longer name
+    that contains it, ``macaddr8_set7bit`` for ``macaddr8``, is another name); one found
+    through its back-off, in any of its back-off forms (``Task.done()`` under ``class
+    asyncio.Task`` defines ``asyncio.Task.done``).
     """
-    spans = [(analyze(span), strength) for span, strength in defining_spans_ranked(title, text)]
+    spans = [(span, strength) for span, strength in defining_spans_ranked(title, text)]
     n, best = 0, 0
     for m in present:
-        forms = [(m.term.term,)] + ([a.phrase for a in m.term.backoff] if m.how == "backoff" else [])
-        held = [strength for pairs, strength in spans if any(_holds_phrase(pairs, f) for f in forms)]
+        if m.how == "backoff":
+            forms = [(m.term.term,)] + [a.phrase for a in m.term.backoff]
+            held = [strength for span, strength in spans
+                    if any(_holds_phrase(analyze(span), f) for f in forms)]
+        else:
+            held = [strength for span, strength in spans if m.term.term in named_terms(span)]
         if held:
             n += 1
             best = max(best, *held)

@@ -231,6 +231,17 @@ def analyze(text: str) -> list[tuple[str, int]]:
     return out
 
 
+def named_terms(text: str) -> set[str]:
+    """The names a text writes: each token's whole term and a qualified name's suffixes, not
+    the parts of a longer name (``macaddr8_set7bit`` names neither ``macaddr8`` nor ``set7bit``)."""
+    out: set[str] = set()
+    for token in tokens(text):
+        terms, width = token_terms(token)
+        # A token split into parts takes one position per part, and its parts come last.
+        out.update(t for t, _ in (terms[: len(terms) - width] if width > 1 else terms))
+    return out
+
+
 def index_terms(token: str) -> tuple[str, ...]:
     """Terms a document token is indexed under: the whole token first, then suffixes and parts."""
     seen: list[str] = []
