@@ -484,6 +484,9 @@ def test_a_longer_name_that_contains_a_name_does_not_define_it():
     assert done.backoff, done
     via = [TermMatch(done, "backoff", via="Task.done")]
     assert defined_terms(via, "class asyncio.Task", "Task.done()\n: Return True if done.")[0] == 1
+    # Prose compounds are words of the text: a title on p53-dependent apoptosis is about p53.
+    [p53] = plan_query("p53").exact
+    assert defined_terms([TermMatch(p53, "whole")], "p53-dependent apoptosis in tumours", "Text.")[0] == 1
 
 
 def test_a_lower_case_prefix_on_an_acronym_is_a_word_not_a_code_name(store, kb):

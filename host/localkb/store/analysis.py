@@ -231,14 +231,23 @@ def analyze(text: str) -> list[tuple[str, int]]:
     return out
 
 
+#: What joins the parts of one code name (``snake_case``, ``module.attr``); a hyphen or a
+#: slash joins words of prose as often (``p53-dependent``, ``Th1/Th2``).
+_NAME_JOINERS = re.compile(r"[_.]")
+
+
 def named_terms(text: str) -> set[str]:
     """The names a text writes: each token's whole term and a qualified name's suffixes, not
-    the parts of a longer name (``macaddr8_set7bit`` names neither ``macaddr8`` nor ``set7bit``)."""
+    the parts of a longer code name (``macaddr8_set7bit`` names neither ``macaddr8`` nor
+    ``set7bit``; ``pg_trgm.similarity_threshold`` not ``pg_trgm``). The parts of a compound
+    joined only by hyphens or slashes are named too: ``p53-dependent apoptosis`` is about p53.
+    """
     out: set[str] = set()
     for token in tokens(text):
         terms, width = token_terms(token)
-        # A token split into parts takes one position per part, and its parts come last.
-        out.update(t for t, _ in (terms[: len(terms) - width] if width > 1 else terms))
+        if width > 1 and _NAME_JOINERS.search(token):
+            terms = terms[: len(terms) - width]  # one position per part, and the parts come last
+        out.update(t for t, _ in terms)
     return out
 
 
