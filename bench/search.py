@@ -354,7 +354,7 @@ print(json.dumps({'add': t_add, 'embed': spent.get('embed', 0.0), 'spent': spent
 ENSURE = """
 import json, time
 from localkb.config import Settings
-from localkb.ingest import staging
+from localkb.store import ingest_staging as staging
 from localkb.store.kb import Store
 s = Store(Settings.from_env())
 t0 = time.perf_counter()
