@@ -277,7 +277,7 @@ t0 = time.perf_counter()
 from localkb.config import Settings
 from localkb.store.kb import Store
 from localkb.retrieval.search import Searcher
-import numpy, onnxruntime, usearch.index, whoosh.index, tantivy
+import numpy, onnxruntime, usearch.index, tantivy  # a Whoosh index imports Whoosh in kb.indexes()
 t_imports = time.perf_counter() - t0
 t1 = time.perf_counter()
 s = Store(Settings.from_env())

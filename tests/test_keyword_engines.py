@@ -429,3 +429,40 @@ def test_opening_and_writing_a_whoosh_index_costs_the_same_at_4x_the_size(tmp_pa
     (open_1k, write_1k), (open_4k, write_4k) = peaks[1000], peaks[4000]
     assert open_4k < 1.5 * open_1k + 100_000, peaks
     assert write_4k < 1.5 * write_1k, peaks
+
+
+_COLD_SEARCH = r"""
+import sys
+from localkb.config import Settings
+from localkb.retrieval.search import Searcher
+from localkb.store.kb import Store
+store = Store(Settings.from_env())
+res = Searcher(store).search(["Cold"], "widget cable", k=3)
+assert res.hits, res
+# Whoosh's stopword lists and Porter stemmer (whoosh.lang) are the analyser's, for both engines.
+print(" ".join(sorted({m for m in sys.modules if m == "tantivy"
+                       or (m.startswith("whoosh.") and not m.startswith("whoosh.lang"))})))
+"""
+
+
+def test_a_tantivy_knowledge_base_opens_and_searches_without_importing_whoosh(tmp_path):
+    """Whoosh's index machinery (whoosh.analysis, fields, index: ~12-40 ms of a cold start)
+    is imported only by a knowledge base whose keyword index is Whoosh's. A Whoosh index
+    written before still opens in a new process (its pickled schema names the tokenizer class)."""
+    import subprocess
+    import sys
+
+    home = tmp_path / "home"
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "a.md").write_text("# Widgets\n\nA widget on a cable.")
+    env = {"LOCALKB_HOME": str(home), "PATH": "/usr/bin:/bin"}
+    for name, engine in (("Cold", "tantivy"), ("Old", "whoosh")):
+        run_cli(["kb", "create", name, "--model", "hashing-256", "--keyword-engine", engine], home,
+                check=True)
+        run_cli(["add", name, str(folder)], home, check=True)
+    out = subprocess.run([sys.executable, "-c", _COLD_SEARCH], capture_output=True, text=True,
+                         env={**env, "PYTHONPATH": str(REPO / "host")}, timeout=120, check=True)
+    assert out.stdout.split() == ["tantivy"], out.stdout
+    found = run_cli(["search", "Old", "widget cable", "--json"], home, check=True)
+    assert json.loads(found.stdout)["hits"], found.stdout

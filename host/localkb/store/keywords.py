@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from whoosh.analysis import Token, Tokenizer
-
 from localkb import __version__
 from localkb.atomic import read_json, write_json
 from localkb.errors import IndexUnavailable
@@ -56,21 +54,40 @@ def _weighting():
     return LuceneIdfBM25F()
 
 
-class AnalysisTokenizer(Tokenizer):
-    """Whoosh tokens from ``analysis.analyze`` (module level: Whoosh pickles it with the schema)."""
+def __getattr__(name: str):
+    # ``AnalysisTokenizer`` is made on first use: Whoosh's analysis and index modules are
+    # imported only where a Whoosh index is used, never by a tantivy knowledge base (the
+    # analyser's stopwords and stemmer, whoosh.lang, are light). Unpickling a Whoosh schema
+    # asks for the class here.
+    if name == "AnalysisTokenizer":
+        return _analysis_tokenizer()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-    def __call__(self, value, *, positions=False, chars=False, removestops=True, start_pos=0,
-                 start_char=0, mode="", **kwargs):
-        t = Token(positions, chars, removestops=removestops, mode=mode, **kwargs)
-        for term, pos in analyze(value):
-            t.text = term
-            t.boost = 1.0
-            t.stopped = False
-            if positions:
-                t.pos = start_pos + pos
-            if chars:  # not stored (the schema keeps no character offsets)
-                t.startchar = t.endchar = start_char
-            yield t
+
+@lru_cache(maxsize=1)
+def _analysis_tokenizer() -> type:
+    from whoosh.analysis import Token, Tokenizer
+
+    class AnalysisTokenizer(Tokenizer):
+        """Whoosh tokens from ``analysis.analyze`` (reachable as this module's attribute:
+        Whoosh pickles it with the schema, by name)."""
+
+        def __call__(self, value, *, positions=False, chars=False, removestops=True, start_pos=0,
+                     start_char=0, mode="", **kwargs):
+            t = Token(positions, chars, removestops=removestops, mode=mode, **kwargs)
+            for term, pos in analyze(value):
+                t.text = term
+                t.boost = 1.0
+                t.stopped = False
+                if positions:
+                    t.pos = start_pos + pos
+                if chars:  # not stored (the schema keeps no character offsets)
+                    t.startchar = t.endchar = start_char
+                yield t
+
+    AnalysisTokenizer.__module__, AnalysisTokenizer.__qualname__ = __name__, "AnalysisTokenizer"
+    globals()["AnalysisTokenizer"] = AnalysisTokenizer
+    return AnalysisTokenizer
 
 
 def _schema():
@@ -78,7 +95,7 @@ def _schema():
 
     # Positions are stored so that a phrase (terms at consecutive positions) can be asked for.
     return Schema(chunk_id=ID(stored=True, unique=True),
-                  content=TEXT(analyzer=AnalysisTokenizer(), phrase=True))
+                  content=TEXT(analyzer=_analysis_tokenizer()(), phrase=True))
 
 
 @dataclass
