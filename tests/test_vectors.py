@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -445,26 +445,27 @@ def _rewrite_due(tmp_path: Path) -> tuple[VectorIndex, dict, int, int]:
     return _base_and_folds(tmp_path, 4000)
 
 
-def _base_and_folds(tmp_path: Path, n: int) -> tuple[VectorIndex, dict, int, int]:
-    """An ``n``-vector base and FANOUT folds of 1,100 written beside it."""
-    vi = VectorIndex(tmp_path / "v.usearch", "m", DIM)
-    vi.build(np.arange(n, dtype=np.uint64), unit(n, 1), generation=1)
-    vecs = dict(zip(range(n), unit(n, 1), strict=True))
-    gen, key = 1, 10**6
-    for _ in range(vmod.FANOUT):
-        gen, key = _writes(vi, vecs, gen, key, 1100, seed=gen)
-    return vi, vecs, gen, key
-
-
-def test_a_write_that_makes_a_merge_due_only_folds_and_compaction_merges(tmp_path: Path) -> None:
-    n = 24_000  # fold line 1,024; a merge of four 1,100-vector folds is under a quarter of the base
+def _base_and_folds(tmp_path: Path, n: int, after_write: Callable[[VectorIndex, int], None] | None = None,
+                    ) -> tuple[VectorIndex, dict, int, int]:
+    """An ``n``-vector base and FANOUT folds of 1,100 written beside it (``after_write(vi, i)``
+    called after each)."""
     vi = VectorIndex(tmp_path / "v.usearch", "m", DIM)
     vi.build(np.arange(n, dtype=np.uint64), unit(n, 1), generation=1)
     vecs = dict(zip(range(n), unit(n, 1), strict=True))
     gen, key = 1, 10**6
     for i in range(vmod.FANOUT):
         gen, key = _writes(vi, vecs, gen, key, 1100, seed=gen)
+        if after_write is not None:
+            after_write(vi, i)
+    return vi, vecs, gen, key
+
+
+def test_a_write_that_makes_a_merge_due_only_folds_and_compaction_merges(tmp_path: Path) -> None:
+    def no_graph_written(_vi: VectorIndex, i: int) -> None:
         assert not list(tmp_path.glob("v.seg*.usearch")), i  # no graph written by a write
+
+    # Fold line 1,024; a merge of four 1,100-vector folds is under a quarter of the base.
+    vi, vecs, gen, _key = _base_and_folds(tmp_path, 24_000, no_graph_written)
     assert [s["graph"] for s in _listing(vi)["segments"]] == [False] * vmod.FANOUT
     plan = vi.compaction_plan()
     assert plan is not None and plan["kind"] == "merge" and len(plan["seqs"]) == vmod.FANOUT
