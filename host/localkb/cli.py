@@ -115,10 +115,12 @@ def cmd_kb_list(args, out: Out) -> int:
 
     library = _library(args)
     down = {t["team"]: t["error"] for t in library.refresh() if not t["ok"]}
-    rows = [{"origin": "local", **r.public(), **library.counts(r.id)} for r in library.kbs()]
-    for r in rows:
-        if r["origin"] == "local":  # from the listings on disk: no index is opened
-            r["segments"] = index_summary(library.local.kb_dir(r["id"]), library.record(r["id"]))["segments"]
+    rows = []
+    for rec in library.kbs():
+        row = {"origin": "local", **rec.public(), **library.counts(rec.id)}
+        if row["origin"] == "local":  # from the listings on disk: no index is opened
+            row["segments"] = index_summary(library.local.kb_dir(rec.id), rec)["segments"]
+        rows.append(row)
     for r in rows:
         if r.get("team") in down:
             r["unavailable"] = down[r["team"]]

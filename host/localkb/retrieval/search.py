@@ -172,15 +172,17 @@ def defined_terms(present: Sequence[TermMatch], title: str | None, text: str) ->
     through its back-off, in any of its back-off forms (``Task.done()`` under ``class
     asyncio.Task`` defines ``asyncio.Task.done``).
     """
-    spans = [(span, strength) for span, strength in defining_spans_ranked(title, text)]
+    spans = defining_spans_ranked(title, text)
+    names = [named_terms(span) for span, _ in spans]
+    pairs = [analyze(span) for span, _ in spans] if any(m.how == "backoff" for m in present) else []
     n, best = 0, 0
     for m in present:
         if m.how == "backoff":
             forms = [(m.term.term,)] + [a.phrase for a in m.term.backoff]
-            held = [strength for span, strength in spans
-                    if any(_holds_phrase(analyze(span), f) for f in forms)]
+            held = [strength for (_, strength), p in zip(spans, pairs, strict=True)
+                    if any(_holds_phrase(p, f) for f in forms)]
         else:
-            held = [strength for span, strength in spans if m.term.term in named_terms(span)]
+            held = [strength for (_, strength), ns in zip(spans, names, strict=True) if m.term.term in ns]
         if held:
             n += 1
             best = max(best, *held)

@@ -70,6 +70,7 @@ from localkb.store.catalog import (
 )
 from localkb.store.keyword_engine import KeywordEngine
 from localkb.store.keywords import KeywordHit
+from localkb.store.listing import vector_file
 from localkb.store.vectors import VectorHits, VectorIndex, remove_index
 from localkb.store.vectors import compact as compact_vectors
 from localkb.strings import clean_name, string_problem
@@ -307,7 +308,7 @@ class KnowledgeBase(KnowledgeBaseHandle):
 
     @property
     def vector_path(self) -> Path:
-        return self.dir / f"vectors-{self.record.model}.usearch"
+        return vector_file(self.dir, self.record.model)
 
     @property
     def keyword_path(self) -> Path:
@@ -915,7 +916,7 @@ class KnowledgeBase(KnowledgeBaseHandle):
     def after_switch(self, old_model: str) -> None:
         """Build the new model's indexes; drop the old model's vector index file."""
         self.indexes()
-        remove_index(self.dir / f"vectors-{old_model}.usearch")
+        remove_index(vector_file(self.dir, old_model))
 
     # -- health ----------------------------------------------------------------
     def health(self, *, repair: bool = False) -> dict:

@@ -13,6 +13,11 @@ from pathlib import Path
 from localkb.atomic import read_json
 
 
+def vector_file(kb_dir: Path, model: str) -> Path:
+    """A knowledge base's vector index base path for ``model`` (its listing: ``.json`` beside it)."""
+    return kb_dir / f"vectors-{model}.usearch"
+
+
 def keyword_folder(kb_dir: Path, engine: str) -> Path:
     """The folder of a knowledge base's keyword index built with ``engine``."""
     return kb_dir / ("keywords" if engine == "whoosh" else f"keywords-{engine}")
@@ -26,7 +31,7 @@ def index_summary(kb_dir: Path, rec) -> dict:
     segments beside its base, and the keyword index's segments — every query walks each of
     them; ``None`` where a listing does not say (missing, or written before it said).
     """
-    vec = read_json(kb_dir / f"vectors-{rec.model}.json")
+    vec = read_json(vector_file(kb_dir, rec.model).with_suffix(".json"))
     kw = read_json(keyword_folder(kb_dir, rec.keyword_engine).with_suffix(".json"))
     segs = (vec or {}).get("segments", [])
     segments = {
