@@ -631,3 +631,32 @@ def test_one_compaction_at_a_time(tmp_path: Path) -> None:
     with _compaction_held_at_built(vi) as out:
         assert vmod.compact(vi.path, "m", DIM)["state"] == "already running"
     assert out["state"] == "compacted"
+
+
+@pytest.mark.parametrize("kind", ["merge", "rewrite"])
+def test_an_open_that_races_a_compaction_swap_reads_the_new_listing(tmp_path: Path, monkeypatch,
+                                                                     kind: str) -> None:
+    # A reader that takes no store lock (``doctor``, a second process) reads the listing, then
+    # a compaction in another process swaps the files and deletes the ones that listing named,
+    # then the reader maps them: the open must follow the new listing, not report the index
+    # unreadable (CI caught ``doctor`` doing so after a ``localkb add`` left a compaction running).
+    vi, vecs, _gen, _key = (_merge_due if kind == "merge" else _rewrite_due)(tmp_path)
+    real = vmod.read_json
+    raced = []
+
+    def listing_then_swap(path: Path):
+        meta = real(path)
+        if not raced and path == vi.meta_path:
+            raced.append(True)
+            monkeypatch.setattr(vmod, "read_json", real)
+            assert vmod.compact(vi.path, "m", DIM)["state"] == "compacted"
+            monkeypatch.setattr(vmod, "read_json", listing_then_swap)
+        return meta
+
+    monkeypatch.setattr(vmod, "read_json", listing_then_swap)
+    again = VectorIndex.load(vi.path, "m", DIM)
+    assert raced and again.layout == _listing(vi)["layout"]
+    monkeypatch.setattr(vmod, "read_json", real)
+    assert len(again) == len(vecs)
+    q = unit(1, 77)[0]
+    assert again.search(q, 10, exact_below=10**9).keys.tolist() == _brute(vecs, q, 10)

@@ -72,6 +72,7 @@ MAX_GRAPH_SEGMENTS = 2
 #: not run: ``compact`` is meant to run beside the writes, see ``VectorIndex.fold``). Each flat
 #: segment of at most 4,096 vectors is one exact scan per search; the figures are in DESIGN.md.
 MAX_FLAT_SEGMENTS = 12
+_OPEN_ATTEMPTS = 8  # listings swapped under one open before it gives up (each swap is a whole compaction)
 
 
 def fold_threshold(base_count: int) -> int:
@@ -182,20 +183,34 @@ class VectorIndex:
     # -- opening ---------------------------------------------------------------
     @classmethod
     def load(cls, path: Path, model: str, dim: int) -> VectorIndex:
-        """Open the saved index; raise ``IndexUnavailable`` if absent, corrupt or not ours."""
-        stat = _stat_key(path.with_suffix(".json"))  # before the read: a newer listing is noticed
-        meta = read_json(path.with_suffix(".json"))
-        if meta is None or not path.with_name(meta.get("base", path.name)).exists():
-            raise IndexUnavailable(f"no vector index at {path.name}")
-        if meta.get("model") != model or meta.get("dim") != dim:
-            raise ModelMismatch(
-                f"vector index {path.name} holds {meta.get('model')} ({meta.get('dim')}-d), "
-                f"the knowledge base uses {model} ({dim}-d)")
-        vi = cls(path, model, dim)
-        vi._open_files(meta)
-        vi._listing_stat = stat
-        vi._read_log()
-        return vi
+        """Open the saved index; raise ``IndexUnavailable`` if absent, corrupt or not ours.
+
+        Safe without the store lock: a compaction in another process may swap the files
+        between the read of the listing and the mapping of the files it names (and delete
+        those). A file missing under a listing that changed meanwhile is that swap, not damage:
+        the open starts again from the new listing (the files, once mapped, stay readable).
+        """
+        meta_path = path.with_suffix(".json")
+        for attempt in range(_OPEN_ATTEMPTS):
+            stat = _stat_key(meta_path)  # before the read: a newer listing is noticed
+            meta = read_json(meta_path)
+            try:
+                if meta is None or not path.with_name(meta.get("base", path.name)).exists():
+                    raise IndexUnavailable(f"no vector index at {path.name}")
+                if meta.get("model") != model or meta.get("dim") != dim:
+                    raise ModelMismatch(
+                        f"vector index {path.name} holds {meta.get('model')} ({meta.get('dim')}-d), "
+                        f"the knowledge base uses {model} ({dim}-d)")
+                vi = cls(path, model, dim)
+                vi._open_files(meta)
+            except IndexUnavailable:
+                if attempt + 1 < _OPEN_ATTEMPTS and _stat_key(meta_path) != stat:
+                    continue  # swapped under this open: read the listing that replaced it
+                raise
+            vi._listing_stat = stat
+            vi._read_log()
+            return vi
+        raise AssertionError("unreachable")
 
     def _open_files(self, meta: dict) -> None:
         """The base and the segments ``meta`` lists, memory-mapped; ``owner`` from the segments."""
@@ -718,6 +733,7 @@ def _stat_key(path: Path) -> tuple[int, int, int] | None:
     except OSError:
         return None
     return st.st_ino, st.st_mtime_ns, st.st_size
+
 
 
 def compaction_lock_path(path: Path) -> Path:
