@@ -176,3 +176,90 @@ def test_a_30_mb_text_file_is_added_in_bounded_memory(tmp_path):
     assert count(home, "SELECT COUNT(*) FROM chunks") == src["total"]
     assert count(home, "SELECT COUNT(*) FROM ingest_staging") == 0
     assert json.loads(run_cli(["doctor", "--json"], home).stdout)["clean"]
+
+
+def _held_vectors(monkeypatch) -> list[int]:
+    """The most changed vectors an index held in memory at once, recorded after every put."""
+    from localkb.store import vectors as vectors_module
+
+    held = [0]
+    put = vectors_module.Changed.put
+
+    def counting(self, keys, vecs):
+        put(self, keys, vecs)
+        held[0] = max(held[0], len(self))
+
+    monkeypatch.setattr(vectors_module.Changed, "put", counting)
+    return held
+
+
+def _staged_add(store, tmp_path, monkeypatch, engine):
+    """A knowledge base and a big source staged in small batches, with small switch groups."""
+    from localkb.store import kb as kb_module
+    from localkb.store import vectors as vectors_module
+
+    store.create_kb("Docs", keyword_engine=engine)
+    kb = store.open_kb("Docs")
+    monkeypatch.setattr(kb_module, "APPLY_SLICE", 16)
+    monkeypatch.setattr(kb_module, "APPLY_COMMIT", 40)
+    monkeypatch.setattr(vectors_module, "SPILL_ROWS", 40)
+    path = tmp_path / "big.txt"
+    path.write_text("\n\n".join(paragraphs(200, 5)), encoding="utf-8")
+    return kb, path
+
+
+@pytest.mark.parametrize("engine", ["whoosh", "tantivy"])
+def test_the_switch_holds_one_spill_of_vectors_at_a_time(store, tmp_path, monkeypatch, engine):
+    """Publishing a staged source holds a bounded number of its vectors, not all of them: the
+    changed vectors are spilled to flat segments as the switch goes (the 30 MB file's peak)."""
+    kb, path = _staged_add(store, tmp_path, monkeypatch, engine)
+    held = _held_vectors(monkeypatch)
+    src = add_paths(kb, [str(path)], batch_tokens=1500).sources[0]
+    assert src.status == "added" and src.total > 120
+    assert held[0] <= 40 + 40, f"the switch held {held[0]} of {src.total} vectors at once"
+    gen = kb.catalog.db.execute("SELECT generation FROM kbs WHERE id = ?", (kb.id,)).fetchone()[0]
+    for _ in range(2):  # as written, then as a fresh open reads the files
+        vi, ki = kb.indexes()
+        assert len(vi) == ki.doc_count() == src.total
+        assert vi.generation == ki.generation == gen
+        assert sum(not s.graph for s in vi.segments) >= 3  # spilled as it went
+        stored = kb.catalog.db.execute("SELECT vkey, vector FROM chunks WHERE idx IN (0, 77, 150) "
+                                       "AND source_id IN (SELECT id FROM sources)").fetchall()
+        from localkb.store.catalog import blob_vector
+
+        for key, blob in stored:
+            assert int(vi.search(blob_vector(blob), 1, exact_below=0).keys[0]) == key
+        kb.close()
+    assert not kb.health()["problems"]
+
+
+@pytest.mark.parametrize("engine", ["whoosh", "tantivy"])
+def test_a_switch_cut_off_between_spills_is_caught_up_on_the_next_open(store, tmp_path, monkeypatch,
+                                                                       engine):
+    """A spill records the index's old generation: a switch that stops after one (a crash, a
+    full disk) leaves an index the next open catches up from the change log, whole, once."""
+    from localkb.errors import IndexUnavailable
+    from localkb.store import vectors as vectors_module
+
+    kb, path = _staged_add(store, tmp_path, monkeypatch, engine)
+    spill = vectors_module.VectorIndex.spill
+    calls = [0]
+
+    def failing(self, planned):
+        calls[0] += 1
+        if calls[0] == 2:
+            raise IndexUnavailable("disk full (the test's)")
+        return spill(self, planned)
+
+    monkeypatch.setattr(vectors_module.VectorIndex, "spill", failing)
+    src = add_paths(kb, [str(path)], batch_tokens=1500).sources[0]
+    assert calls[0] >= 2 and src.total > 120
+    assert kb.catalog.counts(kb.id)["chunks"] == src.total  # the catalogue's switch committed
+    monkeypatch.setattr(vectors_module.VectorIndex, "spill", spill)
+    vi, ki = kb.indexes()
+    gen = kb.catalog.db.execute("SELECT generation FROM kbs WHERE id = ?", (kb.id,)).fetchone()[0]
+    assert len(vi) == ki.doc_count() == src.total and vi.generation == ki.generation == gen
+    keys = [r[0] for r in kb.catalog.db.execute("SELECT vkey FROM chunks")]
+    assert all(vi.contains(k) for k in keys)
+    kb.close()
+    assert not kb.health()["problems"]

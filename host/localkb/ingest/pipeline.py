@@ -1012,6 +1012,7 @@ class _Writer:
             return _count(kb, src)
         self.job.cancelled()
         self.job.progress.emit("write", 0, n, force=True)
+        give_back_memory()  # the switch's buffers start from a trimmed heap, not beside staging's
         t0 = time.perf_counter()
         src.before = kb.publish_staged(_source_write(kb, src, n, []))
         self.job.timings["write_s"] += time.perf_counter() - t0

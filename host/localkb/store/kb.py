@@ -427,9 +427,11 @@ class KnowledgeBase(KnowledgeBaseHandle):
 
         Rows are read in slices of ``APPLY_SLICE`` and the keyword index commits every
         ``APPLY_COMMIT`` chunks, so a big source's switch (100k passages) never holds all its
-        texts, vectors or postings in memory at once. Only the last commit records ``gen``:
-        a crash in between leaves the index at its old generation, and the next open catches
-        it up from the change log (upserts and deletes are idempotent).
+        texts, vectors or postings in memory at once: the vector index spills what it holds
+        to a flat segment between groups (``VectorIndex.spill``). Only the last commit and the
+        last save record ``gen``: a crash in between leaves both indexes at their old
+        generation, and the next open catches them up from the change log (upserts and
+        deletes are idempotent).
         """
         db = self.catalog.db
         for group_start in range(0, max(len(touched), 1), APPLY_COMMIT):
@@ -460,6 +462,8 @@ class KnowledgeBase(KnowledgeBaseHandle):
             else:
                 for _ in live():
                     pass
+            if vi is not None and not last:
+                vi.spill(len(touched))  # a big switch holds one spill of vectors, not all of them
         if vi is not None:
             vi.save(gen)
 

@@ -14,7 +14,9 @@ flat segment (``vectors-<model>.seg<N>.flat``: the keys, then the vectors, searc
 ``.seg<N>.gone``: the keys they delete), memory-mapped like the base and searched beside
 it. A fold costs what was logged, not what the base holds: it wrote no graph (it loaded and
 rewrote the whole base: 28-71 s and 709-784 MB for a full log at 300,000 passages on the
-loaded machine). The write only folds: merges and base rewrites are ``compact``'s, built
+loaded machine). A long write applied in groups (a big source's switch) spills its changes to
+flat segments as it goes (``spill``), so it holds one spill's vectors, not all it writes. The
+write only folds: merges and base rewrites are ``compact``'s, built
 outside the store lock from the listed files and swapped in under it (a new ``layout``).
 FANOUT segments of one size tier merge into one HNSW segment of the next
 (``.seg<N>.usearch``; never past a quarter of the base: the write that builds a graph of
@@ -72,6 +74,13 @@ MAX_GRAPH_SEGMENTS = 2
 #: not run: ``compact`` is meant to run beside the writes, see ``VectorIndex.fold``). Each flat
 #: segment of at most 4,096 vectors is one exact scan per search; the figures are in DESIGN.md.
 MAX_FLAT_SEGMENTS = 12
+#: Changed vectors a long write (a big source's switch, a catch-up: ``KnowledgeBase._apply``)
+#: holds in memory before it spills them to a flat segment (``VectorIndex.spill``): 8,192 of
+#: 384 dims are 12.6 MB (one ``APPLY_COMMIT`` group more may come before the check). The 30 MB
+#: text file's switch held all 77,159 of its vectors, then copied them twice to write one
+#: segment: a peak of 886 MB beside the model, against a 600 MB bound; 592 MB once it spilled
+#: every 16,384 without the copies (``bench/ingest.py --big-text-mb 30``).
+SPILL_ROWS = 8_192
 _OPEN_ATTEMPTS = 8  # listings swapped under one open before it gives up (each swap is a whole compaction)
 
 
@@ -397,7 +406,28 @@ class VectorIndex:
         self._pending_count = 0
 
     # -- folding ---------------------------------------------------------------
-    def fold(self, generation: int) -> None:
+    def spill(self, planned: int) -> bool:
+        """Fold the changes held so far into a flat segment, at the generation the index already
+        has, once there are enough of them; True if it did.
+
+        For a write applied in groups (``KnowledgeBase._apply``, after the catalogue committed
+        all of it): memory holds one spill's vectors, not the write's. ``planned`` is how many
+        changes the whole write makes: a spill takes at least ``SPILL_ROWS``, or a
+        ``MAX_FLAT_SEGMENTS``-th of the write if that is more, so one write never leaves more
+        flat segments than a search is allowed to walk. The listing keeps the old generation: a
+        write that stops after a spill (a kill, a full disk) leaves an index the next open
+        catches up from the change log, and its upserts and deletes are idempotent. No backstop
+        compaction here: the write's last save decides that, once.
+        """
+        if len(self.delta) < max(SPILL_ROWS, -(-planned // MAX_FLAT_SEGMENTS)):
+            return False
+        try:
+            self.fold(self.generation, backstop=False)
+        except (OSError, RuntimeError) as err:
+            raise IndexUnavailable(f"vector index {self.path.name} could not be saved: {err}") from err
+        return True
+
+    def fold(self, generation: int, *, backstop: bool = True) -> None:
         """Write the changes since the files as a new flat segment at ``generation`` and start an
         empty log.
 
@@ -408,7 +438,7 @@ class VectorIndex:
         ``MAX_FLAT_SEGMENTS`` flat segments pile up does the write compact inline, so a search
         never walks more than that many.
         """
-        keys, vectors = self.delta.items()
+        keys, vectors = self.delta.view()  # no copy: this writer alone changes them
         gone = np.fromiter(self._gone_since, dtype=np.uint64, count=len(self._gone_since))
         disk = read_json(self.meta_path)
         if disk is None:
@@ -431,7 +461,7 @@ class VectorIndex:
         self._empty_log()
         self._reopen()
         self.generation = generation
-        if sum(not s.graph for s in self.segments) > MAX_FLAT_SEGMENTS:
+        if backstop and sum(not s.graph for s in self.segments) > MAX_FLAT_SEGMENTS:
             # The backstop: the caller holds the store lock, so the swap needs no other.
             compact(self.path, self.model, self.dim)
             self._reopen()
@@ -576,8 +606,9 @@ class VectorIndex:
             target = self._segment_path(seg.seq, ".flat")
             tmp = tmp_path_for(target)
             with open(tmp, "wb") as fh:
-                fh.write(np.ascontiguousarray(keys, dtype="<u8").tobytes())
-                fh.write(np.ascontiguousarray(vectors, dtype="<f4").tobytes())
+                # memoryview: written from the arrays, not from a bytes copy of each.
+                fh.write(memoryview(np.ascontiguousarray(keys, dtype="<u8")).cast("B"))
+                fh.write(memoryview(np.ascontiguousarray(vectors, dtype="<f4")).cast("B"))
             replace_into(tmp, target)
         target = self._segment_path(seg.seq, ".gone")
         tmp = tmp_path_for(target)
@@ -948,10 +979,11 @@ class Changed:
                 self.keys[at] = moved
                 self.row[moved] = at
 
-    def items(self) -> tuple[np.ndarray, np.ndarray]:
-        with self._lock:
-            n = len(self.row)
-            return self.keys[:n].copy(), self.vectors[:n].copy()
+    def view(self) -> tuple[np.ndarray, np.ndarray]:
+        """The live keys and vectors without a copy: only for the writer, which alone changes
+        them (searches read under the lock); a fold writes a segment from these."""
+        n = len(self.row)
+        return self.keys[:n], self.vectors[:n]
 
     def search(self, query: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
         """Exact top ``count`` by cosine, by the kernel usearch's exact index search uses."""
