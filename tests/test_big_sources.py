@@ -245,11 +245,11 @@ def test_a_switch_cut_off_between_spills_is_caught_up_on_the_next_open(store, tm
     spill = vectors_module.VectorIndex.spill
     calls = [0]
 
-    def failing(self, planned):
+    def failing(self, at):
         calls[0] += 1
         if calls[0] == 2:
             raise IndexUnavailable("disk full (the test's)")
-        return spill(self, planned)
+        return spill(self, at)
 
     monkeypatch.setattr(vectors_module.VectorIndex, "spill", failing)
     src = add_paths(kb, [str(path)], batch_tokens=1500).sources[0]
@@ -263,3 +263,26 @@ def test_a_switch_cut_off_between_spills_is_caught_up_on_the_next_open(store, tm
     assert all(vi.contains(k) for k in keys)
     kb.close()
     assert not kb.health()["problems"]
+
+
+@pytest.mark.parametrize("engine", ["tantivy"])
+def test_a_big_switch_leaves_no_more_flat_segments_than_the_limit(store, tmp_path, monkeypatch, engine):
+    """Spills never pile up past ``MAX_FLAT_SEGMENTS``: that would set off the write's backstop,
+    an inline compaction (a base rewrite) in the adding process, which compaction does after
+    it. Spills grow instead, to a share of the write that fits the segments left."""
+    from localkb.store import vectors as vectors_module
+
+    kb, path = _staged_add(store, tmp_path, monkeypatch, engine)
+    monkeypatch.setattr(vectors_module, "MAX_FLAT_SEGMENTS", 3)
+    compacted: list[str] = []
+    real = vectors_module.compact
+    monkeypatch.setattr(vectors_module, "compact",
+                        lambda *a, **k: compacted.append("inline") or real(*a, **k))
+    held = _held_vectors(monkeypatch)
+    src = add_paths(kb, [str(path)], batch_tokens=1500).sources[0]
+    assert src.status == "added" and src.total > 120
+    vi, ki = kb.indexes()
+    flats = sum(not s.graph for s in vi.segments)
+    assert compacted == [] and 1 <= flats <= 3, (compacted, flats)
+    assert held[0] < src.total  # still spilled, in bigger pieces
+    assert len(vi) == ki.doc_count() == src.total

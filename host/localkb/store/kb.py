@@ -434,6 +434,7 @@ class KnowledgeBase(KnowledgeBaseHandle):
         deletes are idempotent).
         """
         db = self.catalog.db
+        spill_at = vi.spill_bound(len(touched)) if vi is not None else 0
         for group_start in range(0, max(len(touched), 1), APPLY_COMMIT):
             group = touched[group_start : group_start + APPLY_COMMIT]
             last = group_start + APPLY_COMMIT >= len(touched)
@@ -463,7 +464,7 @@ class KnowledgeBase(KnowledgeBaseHandle):
                 for _ in live():
                     pass
             if vi is not None and not last:
-                vi.spill(len(touched))  # a big switch holds one spill of vectors, not all of them
+                vi.spill(spill_at)  # a big switch holds one spill of vectors, not all of them
         if vi is not None:
             vi.save(gen)
 

@@ -406,20 +406,30 @@ class VectorIndex:
         self._pending_count = 0
 
     # -- folding ---------------------------------------------------------------
-    def spill(self, planned: int) -> bool:
+    def spill_bound(self, planned: int) -> int:
+        """How many changed vectors a write of ``planned`` changes holds before it spills.
+
+        ``SPILL_ROWS``, or more when spills that size would leave more than
+        ``MAX_FLAT_SEGMENTS`` flat segments beside those listed now (the write's last fold
+        counted): a big switch must not set off the backstop's inline compaction, a base
+        rewrite in the adding process, where the segments it leaves would have been merged
+        by compaction after it. With the segments already at the limit it is ``planned``:
+        one fold, as a write was before spills.
+        """
+        free = MAX_FLAT_SEGMENTS - sum(not s.graph for s in self.segments) - 1
+        return max(SPILL_ROWS, -(-planned // free)) if free > 0 else max(planned, 1)
+
+    def spill(self, at: int) -> bool:
         """Fold the changes held so far into a flat segment, at the generation the index already
-        has, once there are enough of them; True if it did.
+        has, once there are ``at`` of them (``spill_bound``); True if it did.
 
         For a write applied in groups (``KnowledgeBase._apply``, after the catalogue committed
-        all of it): memory holds one spill's vectors, not the write's. ``planned`` is how many
-        changes the whole write makes: a spill takes at least ``SPILL_ROWS``, or a
-        ``MAX_FLAT_SEGMENTS``-th of the write if that is more, so one write never leaves more
-        flat segments than a search is allowed to walk. The listing keeps the old generation: a
-        write that stops after a spill (a kill, a full disk) leaves an index the next open
-        catches up from the change log, and its upserts and deletes are idempotent. No backstop
-        compaction here: the write's last save decides that, once.
+        all of it): memory holds one spill's vectors, not the write's. The listing keeps the
+        old generation: a write that stops after a spill (a kill, a full disk) leaves an index
+        the next open catches up from the change log, and its upserts and deletes are
+        idempotent. No backstop compaction here: the write's last save decides that, once.
         """
-        if len(self.delta) < max(SPILL_ROWS, -(-planned // MAX_FLAT_SEGMENTS)):
+        if len(self.delta) < at:
             return False
         try:
             self.fold(self.generation, backstop=False)
