@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import SCIFACT, rotated, scifact_docs, spread
+from _common import SCIFACT, installed_env, rotated, scifact_docs, spread
 
 from localkb.config import Settings
 from localkb.ingest.chunk import passage_text
@@ -383,22 +383,35 @@ print(json.dumps({'fold': time.perf_counter() - t0, 'records': records, 'rss_bef
 """
 
 
-def subprocess_json(code: str, home: Path, *args: str) -> dict:
+def subprocess_json(code: str, home: Path, *args: str, env: dict[str, str] | None = None) -> dict:
     out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True,
-                         env={**os.environ, "LOCALKB_HOME": str(home)})
+                         env={**(os.environ if env is None else env), "LOCALKB_HOME": str(home)})
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def cold_and_writes(home: Path, store: Store, qs: list[str], rounds: int, n: int,
                     engines: tuple[str, ...]) -> None:
+    # Cold starts as installed (bytecode compiled, as pip and pipx leave it) and, interleaved
+    # with them, from this source tree as the shell runs it (here: no bytecode written).
+    starts = {"installed": installed_env(dict(os.environ), home.parent / "pycache"),
+              "source tree": dict(os.environ)}
     cold: dict[str, list[dict]] = {e: [] for e in engines}
+    tree: dict[str, list[dict]] = {e: [] for e in engines}
     for r in range(rounds):
         for e in rotated(list(engines), r):
             use_engine(store, e).close()
-            cold[e].append(subprocess_json(COLD, home, json.dumps(qs[:52])))
+            for how in rotated(list(starts), r):
+                got = subprocess_json(COLD, home, json.dumps(qs[:52]), env=starts[how])
+                (cold if how == "installed" else tree)[e].append(got)
     for e in engines:
+        t = tree[e]
+        print(f"{n:7} cold open {e:8} from the source tree as this shell runs it (bytecode "
+              f"{'not written' if os.environ.get('PYTHONDONTWRITEBYTECODE') else 'written'}) "
+              f"min/med/max {spread([x['open'] * 1000 for x in t])} ms = imports "
+              f"{spread([x['imports'] * 1000 for x in t])} ms")
         c = cold[e]
-        print(f"{n:7} cold open {e:8} (new process) min/med/max {spread([x['open'] * 1000 for x in c])} ms"
+        print(f"{n:7} cold open {e:8} (new process, as installed) min/med/max "
+              f"{spread([x['open'] * 1000 for x in c])} ms"
               f" = imports {spread([x['imports'] * 1000 for x in c])} + store and embedder choice "
               f"{spread([x['kb'] * 1000 for x in c])} + indexes (vector view, log, keyword index) "
               f"{spread([x['indexes'] * 1000 for x in c])} ms; first hybrid query (loads "
