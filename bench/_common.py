@@ -74,6 +74,11 @@ def installed_env(env: dict[str, str], cache: Path) -> dict[str, str]:
     return out
 
 
+def source_tree_start() -> str:
+    """How this shell starts LocalKB from its source tree, for the cold-start lines."""
+    return f"bytecode {'not written' if os.environ.get('PYTHONDONTWRITEBYTECODE') else 'written'}"
+
+
 def rotated(items: list, r: int) -> list:
     """``items`` in round ``r``'s order: rotated by ``r``, so each goes first in turn (A/B, B/A, ...).
 

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import installed_env
+from _common import installed_env, source_tree_start
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"
 
@@ -94,8 +94,7 @@ def main() -> None:
             base.append((time.perf_counter() - t0) * 1000)
     print(f"status from a cold start (as installed): median {statistics.median(times):.0f} ms, "
           f"min {min(times):.0f}, max {max(times):.0f} over {args.runs} runs (target < 300 ms)")
-    print(f"  the same from the source tree as this shell runs it (bytecode "
-          f"{'not written' if os.environ.get('PYTHONDONTWRITEBYTECODE') else 'written'}): median "
+    print(f"  the same from the source tree as this shell runs it ({source_tree_start()}): median "
           f"{statistics.median(tree):.0f} ms, min {min(tree):.0f}, max {max(tree):.0f}")
     print(f"bare interpreter start for comparison: median {statistics.median(base):.0f} ms")
     print(f"model loaded at the reply: {reply['result']['model'].get('loaded')}")

@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import SCIFACT, installed_env, rotated, scifact_docs, spread
+from _common import SCIFACT, installed_env, rotated, scifact_docs, source_tree_start, spread
 
 from localkb.config import Settings
 from localkb.ingest.chunk import passage_text
@@ -405,9 +405,8 @@ def cold_and_writes(home: Path, store: Store, qs: list[str], rounds: int, n: int
                 (cold if how == "installed" else tree)[e].append(got)
     for e in engines:
         t = tree[e]
-        print(f"{n:7} cold open {e:8} from the source tree as this shell runs it (bytecode "
-              f"{'not written' if os.environ.get('PYTHONDONTWRITEBYTECODE') else 'written'}) "
-              f"min/med/max {spread([x['open'] * 1000 for x in t])} ms = imports "
+        print(f"{n:7} cold open {e:8} from the source tree as this shell runs it "
+              f"({source_tree_start()}) min/med/max {spread([x['open'] * 1000 for x in t])} ms = imports "
               f"{spread([x['imports'] * 1000 for x in t])} ms")
         c = cold[e]
         print(f"{n:7} cold open {e:8} (new process, as installed) min/med/max "

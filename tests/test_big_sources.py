@@ -212,6 +212,8 @@ def _staged_add(store, tmp_path, monkeypatch, engine):
 def test_the_switch_holds_one_spill_of_vectors_at_a_time(store, tmp_path, monkeypatch, engine):
     """Publishing a staged source holds a bounded number of its vectors, not all of them: the
     changed vectors are spilled to flat segments as the switch goes (the 30 MB file's peak)."""
+    from localkb.store.catalog import blob_vector
+
     kb, path = _staged_add(store, tmp_path, monkeypatch, engine)
     held = _held_vectors(monkeypatch)
     src = add_paths(kb, [str(path)], batch_tokens=1500).sources[0]
@@ -225,8 +227,6 @@ def test_the_switch_holds_one_spill_of_vectors_at_a_time(store, tmp_path, monkey
         assert sum(not s.graph for s in vi.segments) >= 3  # spilled as it went
         stored = kb.catalog.db.execute("SELECT vkey, vector FROM chunks WHERE idx IN (0, 77, 150) "
                                        "AND source_id IN (SELECT id FROM sources)").fetchall()
-        from localkb.store.catalog import blob_vector
-
         for key, blob in stored:
             assert int(vi.search(blob_vector(blob), 1, exact_below=0).keys[0]) == key
         kb.close()
@@ -249,7 +249,7 @@ def test_a_switch_cut_off_between_spills_is_caught_up_on_the_next_open(store, tm
         calls[0] += 1
         if calls[0] == 2:
             raise IndexUnavailable("disk full (the test's)")
-        return spill(self, at)
+        spill(self, at)
 
     monkeypatch.setattr(vectors_module.VectorIndex, "spill", failing)
     src = add_paths(kb, [str(path)], batch_tokens=1500).sources[0]

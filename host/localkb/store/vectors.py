@@ -41,7 +41,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -370,7 +370,7 @@ class VectorIndex:
 
     def save(self, generation: int) -> None:
         """Append the changes since the last save as one batch (fsynced); fold when the log is due."""
-        try:
+        with self._saving():
             if self._fold_due():
                 self.fold(generation)
                 return
@@ -379,9 +379,15 @@ class VectorIndex:
                 self._write_meta(-1, 0, [])
                 self._empty_log()
             self._append(generation)
+        self.generation = generation
+
+    @contextmanager
+    def _saving(self):
+        """A write of the index's files: an OS or usearch error is the index's ``IndexUnavailable``."""
+        try:
+            yield
         except (OSError, RuntimeError) as err:
             raise IndexUnavailable(f"vector index {self.path.name} could not be saved: {err}") from err
-        self.generation = generation
 
     def _append(self, generation: int) -> None:
         records = np.zeros(len(self._pending), dtype=_record_dtype(self.dim))
@@ -419,9 +425,9 @@ class VectorIndex:
         free = MAX_FLAT_SEGMENTS - sum(not s.graph for s in self.segments) - 1
         return max(SPILL_ROWS, -(-planned // free)) if free > 0 else max(planned, 1)
 
-    def spill(self, at: int) -> bool:
+    def spill(self, at: int) -> None:
         """Fold the changes held so far into a flat segment, at the generation the index already
-        has, once there are ``at`` of them (``spill_bound``); True if it did.
+        has, once there are ``at`` of them (``spill_bound``).
 
         For a write applied in groups (``KnowledgeBase._apply``, after the catalogue committed
         all of it): memory holds one spill's vectors, not the write's. The listing keeps the
@@ -429,13 +435,9 @@ class VectorIndex:
         the next open catches up from the change log, and its upserts and deletes are
         idempotent. No backstop compaction here: the write's last save decides that, once.
         """
-        if len(self.delta) < at:
-            return False
-        try:
-            self.fold(self.generation, backstop=False)
-        except (OSError, RuntimeError) as err:
-            raise IndexUnavailable(f"vector index {self.path.name} could not be saved: {err}") from err
-        return True
+        if len(self.delta) >= at:
+            with self._saving():
+                self.fold(self.generation, backstop=False)
 
     def fold(self, generation: int, *, backstop: bool = True) -> None:
         """Write the changes since the files as a new flat segment at ``generation`` and start an
@@ -587,7 +589,7 @@ class VectorIndex:
             # Not copied: the graph points into ``vectors``, which outlives it (saved, then
             # dropped below), so a rebuild holds the vectors once, not twice.
             full.add(np.asarray(keys, dtype=np.uint64), vectors, copy=False)
-        try:
+        with self._saving():
             self._write_base(full, generation)
             count = len(full)
             del full
@@ -596,8 +598,6 @@ class VectorIndex:
             self.layout = int(old.get("layout", 0)) + 1  # a compaction under way discards its work
             self._write_meta(generation, count, [])
             self._empty_log()
-        except (OSError, RuntimeError) as err:
-            raise IndexUnavailable(f"vector index {self.path.name} could not be saved: {err}") from err
         self._reopen()
         self.generation = generation
 
