@@ -26,6 +26,11 @@ all is written as one new base: the one write whose cost is the knowledge base's
 after at least ``MAX_GRAPH_SEGMENTS + 1`` merges' worth of changes (100,000 passages: every
 ~37,500; 300,000: every ~49,000).
 
+A rebuild from the catalogue (an import's first open) writes no graph: ``build_flat`` streams
+the vectors into a flat base (``.seg<N>.flatbase``: the vectors, then the keys), listed with
+``base_graph`` false and searched exactly, and ``compaction_plan`` says ``graph`` until
+``compact`` builds its HNSW graph (half of an import's time, now off its path).
+
 Metadata beside the files (``.json``) lists the base file's generation and count and each
 segment's; replacing it commits a fold (files not listed are orphans of a crash, removed by
 the next fold). A log batch carries its generation and a CRC; a torn tail (a crash
@@ -40,7 +45,7 @@ import threading
 import time
 import uuid
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,6 +86,9 @@ MAX_FLAT_SEGMENTS = 12
 #: segment: a peak of 886 MB beside the model, against a 600 MB bound; 592 MB once it spilled
 #: every 16,384 without the copies (``bench/ingest.py --big-text-mb 30``).
 SPILL_ROWS = 8_192
+#: Vectors of a flat base added to its graph at a time by compaction (``plan`` ``graph``): the
+#: memory-mapped rows are copied in slices (65,536 of 384 dims: 100 MB), not all at once.
+GRAPH_PART = 65_536
 _OPEN_ATTEMPTS = 8  # listings swapped under one open before it gives up (each swap is a whole compaction)
 
 
@@ -152,6 +160,53 @@ class _Segment:
         return np.asarray(self.vectors[mask], dtype=np.float32)
 
 
+@dataclass
+class _Matches:
+    keys: np.ndarray
+    distances: np.ndarray
+
+
+class _FlatBase:
+    """A base listed without a graph (a rebuild's, ``VectorIndex.build_flat``): its vectors, then
+    their keys (``.seg<N>.flatbase``), memory-mapped and searched exactly, by the kernel flat
+    segments use, until compaction builds its graph (the plan ``graph``).
+
+    The part of usearch's ``Index`` a base is used through: ``len``, ``contains`` and an exact
+    ``search``. Building the graph was half of an import (py-spy, 10,000 passages: 52 %).
+    """
+
+    def __init__(self, path: Path, count: int, dim: int) -> None:
+        if path.stat().st_size != count * (4 * dim + 8):
+            raise IndexUnavailable(f"vector base {path.name} does not match its metadata")
+        self.ndim = dim
+        self.vectors = np.memmap(path, dtype="<f4", mode="r", shape=(count, dim))
+        self.keys = np.memmap(path, dtype="<u8", mode="r", offset=4 * dim * count, shape=(count,))
+        self._sorted: np.ndarray | None = None  # for ``contains``, sorted on first use
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def contains(self, keys):
+        if self._sorted is None:
+            self._sorted = np.sort(np.asarray(self.keys, dtype=np.uint64))
+        want = np.atleast_1d(np.asarray(keys, dtype=np.uint64))
+        at = np.minimum(np.searchsorted(self._sorted, want), len(self._sorted) - 1)
+        found = self._sorted[at] == want
+        return found if np.ndim(keys) else bool(found[0])
+
+    def search(self, query: np.ndarray, count: int, *, exact: bool = True) -> _Matches:
+        _index_class()  # onnxruntime before usearch's extension (see there)
+        from usearch.index import MetricKind
+        from usearch.index import search as exact_search
+
+        # Every core: this is one scan of the whole knowledge base (300,000 of 384 dims: 121 ms
+        # median on one of this machine's two cores, 70 ms on both), only until the graph is built.
+        found = exact_search(self.vectors, np.asarray(query, dtype=np.float32), count, MetricKind.Cos,
+                             exact=True, threads=0)
+        rows = np.asarray(found.keys, dtype=np.int64)
+        return _Matches(np.asarray(self.keys[rows], dtype=np.uint64), np.asarray(found.distances))
+
+
 class VectorIndex:
     """A usearch HNSW base file and level-1 segment files (memory-mapped), plus an append log."""
 
@@ -176,6 +231,7 @@ class VectorIndex:
 
     def _reset(self) -> None:
         self.base = None  # usearch Index (a view of the base file), or None when it holds nothing
+        self.base_graph = True  # False: a rebuild's flat base (``_FlatBase``), its graph not built yet
         self.base_count = 0
         self.segments: list[_Segment] = []  # oldest first; level i + 1
         self.delta = Changed(self.dim)  # vectors changed since the files (in memory, searched exactly)
@@ -228,8 +284,12 @@ class VectorIndex:
         self.base_id = str(meta.get("base_id", ""))
         self.layout = int(meta.get("layout", 0))
         try:
-            base = _new_index(self.dim)
-            base.view(str(self.base_file))
+            if meta.get("base_graph", True):
+                base = _new_index(self.dim)
+                base.view(str(self.base_file))
+            else:
+                self.base_graph = False
+                base = _FlatBase(self.base_file, int(meta.get("count", 0)), self.dim)
             if base.ndim != self.dim or len(base) != meta.get("count"):
                 raise IndexUnavailable(f"vector index {self.path.name} does not match its metadata")
             self.base, self.base_count = (base if len(base) else None), len(base)
@@ -484,6 +544,7 @@ class VectorIndex:
         self.base_file = self.path.with_name(str(meta.get("base", self.path.name)))
         self.base_id, self.layout = str(meta.get("base_id", "")), int(meta.get("layout", 0))
         self.base_count = int(meta.get("count", 0))
+        self.base_graph = bool(meta.get("base_graph", True))
         self.segments = [_Segment(int(s["seq"]), int(s["count"]), int(s["gone"]), int(s["generation"]),
                                   graph=bool(s.get("graph", True))) for s in meta.get("segments", [])]
         self._next_seq = int(meta.get("next_seq", 1))
@@ -495,9 +556,13 @@ class VectorIndex:
         (the newest such run), merged into one HNSW segment, never past a quarter of the base;
         ``{"kind": "rewrite", "seqs": [...]}``: every segment and the base as one new base, once
         the segments hold as many vectors as the base, or when the merge due would leave a
-        search more than ``MAX_GRAPH_SEGMENTS`` graphs to walk beside the base.
+        search more than ``MAX_GRAPH_SEGMENTS`` graphs to walk beside the base;
+        ``{"kind": "graph", "seqs": [...]}``: the same for a flat base (a rebuild's), whose graph
+        was left to this.
         """
         segs = self.segments
+        if self.base is not None and not self.base_graph:
+            return {"kind": "graph", "seqs": [s.seq for s in segs]}
         if not segs:
             return None
         live_base = self.base_count - self._base_shadowed
@@ -594,9 +659,54 @@ class VectorIndex:
             count = len(full)
             del full
             old = read_json(self.meta_path) or {}
-            self.base_file, self.base_id = self.path, uuid.uuid4().hex
+            self.base_file, self.base_id, self.base_graph = self.path, uuid.uuid4().hex, True
             self.layout = int(old.get("layout", 0)) + 1  # a compaction under way discards its work
             self._write_meta(generation, count, [])
+            self._empty_log()
+        self._reopen()
+        self.generation = generation
+
+    def build_flat(self, parts: Iterable[tuple[np.ndarray, np.ndarray]], generation: int) -> None:
+        """A fresh index holding exactly the keys and vectors ``parts`` yields (a rebuild from
+        the catalogue, streamed a part at a time), listed as a flat base, the log emptied.
+
+        No graph is built: the base is searched exactly until compaction builds it (the plan
+        ``graph``; the host's thread, a detached ``kb compact --auto``), as writes leave their
+        merges to it. The file is written as the parts come (vectors, then the keys), so the
+        rebuild holds one part and the keys, not every vector. A failure leaves the listed
+        index as it was.
+        """
+        self._reset()
+        self._pending, self._pending_count = [], 0
+        old = read_json(self.meta_path) or {}
+        seq = max(self._next_seq, int(old.get("next_seq", 1)))
+        target = self._segment_path(seq, ".flatbase")
+        tmp = tmp_path_for(target)
+        keys: list[np.ndarray] = []
+        with self._saving():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                with open(tmp, "wb") as fh:
+                    for part_keys, part_vectors in parts:
+                        vecs = np.ascontiguousarray(part_vectors, dtype="<f4")
+                        if vecs.shape != (len(part_keys), self.dim):
+                            raise ModelMismatch(f"vectors of shape {vecs.shape} for a {self.dim}-d index")
+                        fh.write(memoryview(vecs).cast("B"))
+                        keys.append(np.asarray(part_keys, dtype="<u8"))
+                    all_keys = np.concatenate(keys) if keys else np.zeros(0, dtype="<u8")
+                    fh.write(memoryview(all_keys).cast("B"))
+                if len(all_keys):
+                    replace_into(tmp, target)
+            finally:
+                tmp.unlink(missing_ok=True)
+        if not len(all_keys):
+            self.build(all_keys.astype(np.uint64), np.zeros((0, self.dim), np.float32), generation)
+            return
+        with self._saving():
+            self._next_seq = seq + 1
+            self.base_file, self.base_id, self.base_graph = target, uuid.uuid4().hex, False
+            self.layout = int(old.get("layout", 0)) + 1  # a compaction under way discards its work
+            self._write_meta(generation, len(all_keys), [])
             self._empty_log()
         self._reopen()
         self.generation = generation
@@ -643,7 +753,8 @@ class VectorIndex:
         write_json(self.meta_path, {
             "model": self.model, "dim": self.dim, "generation": generation,
             "count": count, "segments": [s.meta() for s in segments], "next_seq": self._next_seq,
-            "base": self.base_file.name, "base_id": self.base_id, "layout": self.layout,
+            "base": self.base_file.name, "base_graph": self.base_graph, "base_id": self.base_id,
+            "layout": self.layout,
             "saved": time.time(), "localkb": __version__,
         })
 
@@ -664,7 +775,7 @@ class VectorIndex:
         keys, sims, exact = self._search_level(self.base, 0, query, count,
                                                live=self.base_count - self._base_shadowed,
                                                size=self.base_count, shadowed=self._base_shadowed,
-                                               exact=exact)
+                                               exact=exact or not self.base_graph)
         parts_k, parts_s = [keys], [sims]
         for level, seg in enumerate(self.segments, 1):
             if seg.count and not seg.graph:
@@ -867,7 +978,15 @@ def _compact_step(path: Path, model: str, dim: int, swap_lock, hook) -> dict | N
         count, gone_count = len(keys), len(gone)
     else:
         full = _new_index(dim)
-        if snap.base is not None:
+        if snap.base is not None and not snap.base_graph:  # a rebuild's flat base: its graph, here
+            flat = snap.base
+            for start in range(0, len(flat), GRAPH_PART):
+                keys = np.asarray(flat.keys[start : start + GRAPH_PART], dtype=np.uint64)
+                live = ~np.isin(keys, seen) if len(seen) else np.ones(len(keys), bool)
+                if live.any():
+                    full.add(keys[live], np.ascontiguousarray(flat.vectors[start : start + GRAPH_PART][live],
+                                                              dtype=np.float32))
+        elif snap.base is not None:
             full.load(str(snap.base_file))
             in_base = seen[np.atleast_1d(np.asarray(full.contains(seen), dtype=bool))] if len(seen) else seen
             if len(in_base):
@@ -900,10 +1019,10 @@ def _compact_step(path: Path, model: str, dim: int, swap_lock, hook) -> dict | N
         seq = int(now.get("next_seq", 1))
         old_base = now.get("base", path.name)
         segs = now["segments"]
-        first = next(i for i, s in enumerate(segs) if int(s["seq"]) in set(plan["seqs"]))
         kept = [s for s in segs if int(s["seq"]) not in set(plan["seqs"])]
         new = dict(now, next_seq=seq + 1, layout=int(now.get("layout", 0)) + 1, saved=time.time())
         if plan["kind"] == "merge":
+            first = next(i for i, s in enumerate(segs) if int(s["seq"]) in set(plan["seqs"]))
             if tmp_main.exists():
                 os.replace(tmp_main, path.with_name(f"{path.stem}.seg{seq}.usearch"))
             os.replace(tmp_gone, path.with_name(f"{path.stem}.seg{seq}.gone"))
@@ -913,7 +1032,7 @@ def _compact_step(path: Path, model: str, dim: int, swap_lock, hook) -> dict | N
         else:
             base_name = f"{path.stem}.seg{seq}.base"
             os.replace(tmp_main, path.with_name(base_name))
-            new.update(segments=kept, base=base_name, base_id=uuid.uuid4().hex, count=count)
+            new.update(segments=kept, base=base_name, base_graph=True, base_id=uuid.uuid4().hex, count=count)
         if hook:
             hook("renamed")
         write_json(meta_path, new)  # the commit
@@ -921,7 +1040,7 @@ def _compact_step(path: Path, model: str, dim: int, swap_lock, hook) -> dict | N
             if int(s["seq"]) in set(plan["seqs"]):
                 for suffix in (".usearch" if s.get("graph", True) else ".flat", ".gone"):
                     path.with_name(f"{path.stem}.seg{s['seq']}{suffix}").unlink(missing_ok=True)
-        if plan["kind"] == "rewrite":
+        if plan["kind"] != "merge":  # a rewrite (or a flat base's graph) named a new base
             path.with_name(old_base).unlink(missing_ok=True)
     return {**step, "state": "swapped", "seconds": time.perf_counter() - started}
 
