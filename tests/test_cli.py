@@ -213,6 +213,49 @@ def test_kb_list_and_host_status_show_how_many_segments_each_index_has(tmp_path)
     assert after["keyword"] == before["keyword"]  # compaction is the vector index's
 
 
+def test_an_import_returns_before_the_graph_and_a_detached_compaction_builds_it(tmp_path):
+    """``localkb import`` lists the vectors flat and returns (the graph was half its time):
+    ``kb list`` and ``doctor`` say the graph is due, searches answer exactly meanwhile, and
+    the detached ``kb compact --auto`` the import starts (as a write does) builds it."""
+    import time
+
+    home = tmp_path / "home"
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    for i in range(60):
+        (folder / f"n{i:04}.md").write_text(f"# Note {i}\n\nAbout widget {i} and cable {i % 7}.")
+    off = {"LOCALKB_COMPACT": "off"}
+    run_cli(["kb", "create", "Orig", "--model", "hashing-256"], home, check=True)
+    run_cli(["add", "Orig", str(folder)], home, check=True, env=off)
+    archive = tmp_path / "orig.awkb"
+    run_cli(["export", "Orig", "-o", str(archive)], home, check=True)
+    ids = {}
+    for name, env in (("Flat", off), ("Built", {})):
+        made = json.loads(run_cli(["import", str(archive), "--name", name, "--json"], home,
+                                  check=True, env=env).stdout)
+        ids[name] = made["knowledge_base"]["id"]
+    assert _listing(home, ids["Flat"])["base_graph"] is False
+    report = json.loads(run_cli(["doctor", "--json"], home, env=off).stdout)
+    [flat] = [k for k in report["knowledge_bases"] if k["name"] == "Flat"]
+    assert flat["problems"] == [] and flat["vector_index"]["count"] == 60
+    assert flat["vector_index"]["compaction_due"] == "graph of 60 vectors searched exactly until then"
+    rows = json.loads(run_cli(["kb", "list", "--json"], home, check=True, env=off).stdout)["knowledge_bases"]
+    assert {r["name"]: r["segments"]["vector_base"] for r in rows}["Flat"] == "flat"
+    found = json.loads(run_cli(["search", "Flat", "widget 17 cable 3", "--json"], home, check=True,
+                               env=off).stdout)
+    assert found["hits"][0]["title"] == "Note 17"
+
+    deadline = time.monotonic() + 180
+    while not _listing(home, ids["Built"]).get("base_graph") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _listing(home, ids["Built"])["base_graph"] is True
+    assert _listing(home, ids["Built"])["count"] == 60
+    run_cli(["kb", "compact", "Flat"], home, check=True, env=off)
+    report = json.loads(run_cli(["doctor", "--json"], home, env=off).stdout)
+    assert report["clean"], report
+    assert all(k["vector_index"]["compaction_due"] is None for k in report["knowledge_bases"])
+
+
 def test_a_write_leaves_vector_compaction_to_a_detached_process_or_to_kb_compact(tmp_path):
     """A write past the fold line folds the log into a flat segment and returns; the merge or
     base rewrite that leaves due runs in a detached ``kb compact --auto`` (LOCALKB_COMPACT

@@ -88,6 +88,10 @@ ItemLocks.register(StripedLocks)
 #: Chunks read at a time when the derived indexes catch up with a write, and per keyword commit.
 APPLY_SLICE = 2048
 APPLY_COMMIT = 8192
+#: Vectors a rebuild reads from the catalogue and writes to the flat base at a time (8,192 of
+#: 384 dims: 12.6 MB): it read all of them into one array first (300,000 passages of 256 dims:
+#: 307 MB of an import's 558 MiB peak).
+REBUILD_PART = 8192
 _STAGING = """
 CREATE TABLE IF NOT EXISTS reembed_staging (
     kb_id TEXT NOT NULL REFERENCES kbs(id) ON DELETE CASCADE,
@@ -386,10 +390,7 @@ class KnowledgeBase(KnowledgeBaseHandle):
         ki = None
         if engine == self.record.keyword_engine:
             ki = _usable(lambda: keyword_engine_mod.load(engine, self.keyword_path), gen, pruned)
-        if vi is None and ki is None:
-            vi, ki = self._rebuild_both(gen, engine)
-            done["vectors"] = done["keywords"] = "rebuilt"
-        elif vi is None:
+        if vi is None:
             vi = self._rebuild_vectors(gen)
             done["vectors"] = "rebuilt"
         elif vi.generation < gen:
@@ -403,7 +404,16 @@ class KnowledgeBase(KnowledgeBaseHandle):
             done["keywords"] = "caught up"
         self._vectors, self._keywords = vi, ki
         self._prune(gen)
+        if done["vectors"] == "rebuilt" and vi.compaction_plan() is not None:
+            self._compaction_due()  # its graph: a rebuild of any vectors lists them flat
         return done
+
+    def _compaction_due(self) -> None:
+        """Say this knowledge base's vector index has compaction due: the host starts it on its
+        thread, the CLI detached once the command's work is done (``cli._compact_after``)."""
+        self.store.compaction_due.add(self.id)
+        if self.store.on_compaction_due is not None:
+            self.store.on_compaction_due(self.id)
 
     def _pruned_through(self) -> int:
         row = self.catalog.db.execute("SELECT value FROM meta WHERE key = ?",
@@ -468,60 +478,20 @@ class KnowledgeBase(KnowledgeBaseHandle):
         if vi is not None:
             vi.save(gen)
 
-    def _rebuild_both(self, gen: int, engine: str) -> tuple[VectorIndex, KeywordEngine]:
-        """Both indexes from the catalogue at once: the graph on a thread, the keyword index here.
-
-        usearch builds the graph with the GIL released, so on a second core it costs the
-        rebuild (an import's first open) nothing but the keyword build beside it. The vectors
-        are read here first: the thread touches no SQLite connection. The price is holding
-        them (4 bytes a dimension each) and the graph through the keyword build. Both are
-        written at ``gen``; an error from either is raised once both have stopped (the keyword
-        build's if both fail), so nothing is still writing when the caller sees it.
-        """
-        keys, vecs = self._catalog_vectors()
-        vi = VectorIndex(self.vector_path, self.record.model, self.record.dim)
-        failed: list[BaseException] = []
-
-        def build() -> None:
-            try:
-                vi.build(keys, vecs, gen)
-            except BaseException as err:  # re-raised in the calling thread below
-                failed.append(err)
-
-        graph = threading.Thread(target=build, name=f"graph-{self.id}", daemon=True)
-        graph.start()
-        try:
-            ki = self._rebuild_keywords(gen, engine)
-        except BaseException:
-            graph.join()
-            raise
-        graph.join()
-        if failed:
-            ki.close()
-            raise failed[0]
-        return vi, ki
-
     def _rebuild_vectors(self, gen: int) -> VectorIndex:
+        """The vector index from the catalogue, listed flat (``VectorIndex.build_flat``): no
+        graph, which compaction builds after (``_repair`` says it is due). The rows stream from
+        the cursor a ``REBUILD_PART`` at a time, so the rebuild holds one part and the keys."""
         vi = VectorIndex(self.vector_path, self.record.model, self.record.dim)
-        vi.build(*self._catalog_vectors(), gen)
+        vi.build_flat(self._catalog_vectors(), gen)
         return vi
 
-    def _catalog_vectors(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every chunk's vector key and vector, read from the catalogue."""
-        # Rows are streamed into arrays sized once: a rebuild holds the vectors once, not a list
-        # of them and then a stacked copy (an import of a big knowledge base ends here).
-        n = self.catalog.counts(self.id)["chunks"]
-        keys = np.empty(n, dtype=np.uint64)
-        vecs = np.empty((n, self.record.dim), dtype=np.float32)
-        i = 0
-        for row in self.catalog.db.execute("SELECT vkey, vector FROM chunks WHERE kb_id = ?",
-                                           (self.id,)):
-            if i == n:  # rows added since the count (not under our lock): the next open catches up
-                break
-            keys[i] = row[0]
-            vecs[i] = blob_vector(row[1])
-            i += 1
-        return keys[:i], vecs[:i]
+    def _catalog_vectors(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Every chunk's vector key and vector from the catalogue, ``REBUILD_PART`` at a time."""
+        rows = self.catalog.db.execute("SELECT vkey, vector FROM chunks WHERE kb_id = ?", (self.id,))
+        while part := rows.fetchmany(REBUILD_PART):
+            keys = np.fromiter((r[0] for r in part), dtype=np.uint64, count=len(part))
+            yield keys, np.stack([blob_vector(r[1]) for r in part])
 
     def _rebuild_keywords(self, gen: int, engine: str) -> KeywordEngine:
         """A fresh keyword index of ``engine`` from the catalogue; the other engine's folder goes."""
@@ -578,9 +548,7 @@ class KnowledgeBase(KnowledgeBaseHandle):
                         self.close()
                         self.catalog.log_error("index", err.code, str(err), kb_id=self.id)
                 if due:
-                    self.store.compaction_due.add(self.id)
-                    if self.store.on_compaction_due is not None:
-                        self.store.on_compaction_due(self.id)
+                    self._compaction_due()
             self.record = self.store.resolve(self.id)
             return gen
 
@@ -978,10 +946,13 @@ class KnowledgeBase(KnowledgeBaseHandle):
         def vectors() -> tuple[int, int, bool, dict]:
             vi = VectorIndex.load(self.vector_path, self.record.model, self.record.dim)
             plan = vi.compaction_plan()
+            due = (None if plan is None else
+                   f"graph of {len(vi)} vectors searched exactly until then" if plan["kind"] == "graph"
+                   else f"{plan['kind']} of {len(plan['seqs'])} segments")
             return len(vi), vi.generation, all(vi.contains(r[0]) for r in rows), {
-                "log": vi.log_size(), "graph_segments": sum(s.graph for s in vi.segments),
-                "flat_segments": sum(not s.graph for s in vi.segments),
-                "compaction_due": None if plan is None else f"{plan['kind']} of {len(plan['seqs'])} segments"}
+                "log": vi.log_size(), "base_graph": vi.base_graph,
+                "graph_segments": sum(s.graph for s in vi.segments),
+                "flat_segments": sum(not s.graph for s in vi.segments), "compaction_due": due}
 
         def keywords() -> tuple[int, int, bool, dict]:
             ki = keyword_engine_mod.load(self.record.keyword_engine, self.keyword_path)

@@ -35,6 +35,8 @@ def index_summary(kb_dir: Path, rec) -> dict:
     kw = read_json(keyword_folder(kb_dir, rec.keyword_engine).with_suffix(".json"))
     segs = (vec or {}).get("segments", [])
     segments = {
+        # "flat": a rebuild's base (an import's), searched exactly until compaction builds its graph.
+        "vector_base": None if vec is None else ("graph" if vec.get("base_graph", True) else "flat"),
         "vector_graph": None if vec is None else sum(bool(s.get("graph", True)) for s in segs),
         "vector_flat": None if vec is None else sum(not s.get("graph", True) for s in segs),
         "keyword": None if kw is None else kw.get("segments"),
@@ -49,7 +51,8 @@ def index_summary(kb_dir: Path, rec) -> dict:
 
 
 def segments_label(segments: dict | None) -> str:
-    """``vec 2g+1f kw 4``: graph and flat vector segments, keyword segments (``?`` unknown)."""
+    """``vec 2g+1f kw 4``: graph and flat vector segments, keyword segments (``?`` unknown);
+    ``vec 0g+0f (graph due) kw 4`` while the base is a rebuild's, searched exactly."""
     if not segments:
         return ""
 
@@ -57,4 +60,5 @@ def segments_label(segments: dict | None) -> str:
         v = segments.get(key)
         return "?" if v is None else str(v)
 
-    return f"vec {n('vector_graph')}g+{n('vector_flat')}f kw {n('keyword')}"
+    flat_base = " (graph due)" if segments.get("vector_base") == "flat" else ""
+    return f"vec {n('vector_graph')}g+{n('vector_flat')}f{flat_base} kw {n('keyword')}"
