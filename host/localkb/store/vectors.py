@@ -195,16 +195,23 @@ class _FlatBase:
         return found if np.ndim(keys) else bool(found[0])
 
     def search(self, query: np.ndarray, count: int, *, exact: bool = True) -> _Matches:
-        _index_class()  # onnxruntime before usearch's extension (see there)
-        from usearch.index import MetricKind
-        from usearch.index import search as exact_search
-
         # Every core: this is one scan of the whole knowledge base (300,000 of 384 dims: 121 ms
         # median on one of this machine's two cores, 70 ms on both), only until the graph is built.
-        found = exact_search(self.vectors, np.asarray(query, dtype=np.float32), count, MetricKind.Cos,
-                             exact=True, threads=0)
-        rows = np.asarray(found.keys, dtype=np.int64)
-        return _Matches(np.asarray(self.keys[rows], dtype=np.uint64), np.asarray(found.distances))
+        keys, distances = _exact_top(self.vectors, self.keys, query, count, threads=0)
+        return _Matches(np.asarray(keys, dtype=np.uint64), distances)
+
+
+def _exact_top(vectors, keys, query: np.ndarray, count: int, *,
+               threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """The exact top ``count`` rows of ``vectors`` by cosine (usearch's exact kernel, the one
+    its exact index search uses): their ``keys`` and cosine distances."""
+    _index_class()  # onnxruntime before usearch's extension (see there)
+    from usearch.index import MetricKind
+    from usearch.index import search as exact_search
+
+    found = exact_search(vectors, np.asarray(query, dtype=np.float32), count, MetricKind.Cos,
+                         exact=True, threads=threads)
+    return keys[np.asarray(found.keys, dtype=np.int64)], np.asarray(found.distances, np.float32)
 
 
 class VectorIndex:
@@ -832,16 +839,10 @@ class VectorIndex:
     def _search_flat(self, seg: _Segment, level: int, query: np.ndarray,
                      count: int) -> tuple[np.ndarray, np.ndarray]:
         """Exact top ``count`` of a flat segment, its keys set aside elsewhere dropped."""
-        _index_class()  # onnxruntime before usearch's extension (see there)
-        from usearch.index import MetricKind
-        from usearch.index import search as exact_search
-
         ask = min(seg.count, 2 * count)
         while True:
-            found = exact_search(seg.vectors, np.asarray(query, dtype=np.float32), ask, MetricKind.Cos,
-                                 exact=True, threads=1)
-            keys = seg.keys[np.asarray(found.keys, dtype=np.int64)]
-            sims = 1.0 - np.asarray(found.distances, np.float32)
+            keys, distances = _exact_top(seg.vectors, seg.keys, query, ask)
+            sims = 1.0 - distances
             keep = np.fromiter((self.owner.get(k) == level for k in keys.tolist()), bool, len(keys))
             if keep.sum() >= count or ask >= seg.count:
                 return keys[keep][:count], sims[keep][:count]
@@ -1115,17 +1116,11 @@ class Changed:
         return self.keys[:n], self.vectors[:n]
 
     def search(self, query: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
-        """Exact top ``count`` by cosine, by the kernel usearch's exact index search uses."""
-        _index_class()  # onnxruntime before usearch's extension (see there)
-        from usearch.index import MetricKind
-        from usearch.index import search as exact_search
-
+        """Exact top ``count`` by cosine (``_exact_top``)."""
         with self._lock:
             n = len(self.row)
-            found = exact_search(self.vectors[:n], np.asarray(query, dtype=np.float32), min(count, n),
-                                 MetricKind.Cos, exact=True, threads=1)
-            rows = np.asarray(found.keys, dtype=np.int64)
-            return self.keys[rows], 1.0 - np.asarray(found.distances, np.float32)
+            keys, distances = _exact_top(self.vectors[:n], self.keys, query, min(count, n))
+            return keys, 1.0 - distances
 
 
 def _record_dtype(dim: int) -> np.dtype:
