@@ -450,6 +450,7 @@ def test_defining_spans_are_titles_headings_terms_first_cells_and_signatures():
     from localkb.ingest.chunk import defining_spans
 
     body = ("| `jsonb_set` ( `target` `jsonb`, `path` `text[]` ) → `jsonb` Returns it like jsonb_insert\n"
+            "| `current_user` → `name` Returns the user name of the current execution context. |\n"
             "Use jsonb_set(x) for updates; see also `to_json` (below).\n"
             "`allow_in_place_tablespaces` (`boolean`)\n:\nAllows tablespaces inside pg_tblspc.\n"
             "## The jsonb_path_query family\n"
@@ -460,9 +461,14 @@ def test_defining_spans_are_titles_headings_terms_first_cells_and_signatures():
             "```synopsis\nint lo_close(PGconn *conn, int fd);\n`pg_mcv_list_items` ( `pg_mcv_list` )\n"
             "where *`role_specification`* can be:\n| CURRENT_ROLE\n```")
     assert defining_spans("9.16. JSON Functions", body) == [
-        "9.16. JSON Functions", "jsonb_set", "`allow_in_place_tablespaces` (`boolean`)",
+        "9.16. JSON Functions", "jsonb_set", "current_user", "`allow_in_place_tablespaces` (`boolean`)",
         "## The jsonb_path_query family", "pg_dump", "Task.done()", "lo_close",
         "pg_mcv_list_items"]
+    # A return type after the name marks a signature as a parameter list does (a function
+    # called without parentheses, ``current_user → name``): its own entry, not a listing row.
+    from localkb.ingest.chunk import OWN_ENTRY, defining_spans_ranked
+
+    assert ("current_user", OWN_ENTRY) in defining_spans_ranked(None, body)
 
 
 def test_a_longer_name_that_contains_a_name_does_not_define_it():

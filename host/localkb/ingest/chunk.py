@@ -51,7 +51,7 @@ def passage_text(title: str | None, body: str) -> str:
 #: Markup before a line's first word: table bars, list marks, emphasis and code quotes.
 _LEAD_MARKUP = re.compile(r"^[\s|>*_`~+-]*")
 #: What follows a name that a line introduces: a call signature or a "name — purpose" line.
-_INTRODUCED = re.compile(r"^[`*_\s]*(?:\(|—)")
+_INTRODUCED = re.compile(r"^[`*_\s]*(?:\(|—|→)")
 _FIRST_WORD = re.compile(r"\w+(?:[-./:]\w+)*")
 #: The name a declaration gives before its parameter list: ``lo_close(`` in a C prototype,
 #: ```pg_mcv_list_items` (`` in a function synopsis.
