@@ -122,6 +122,30 @@ def test_a_phrase_back_off_is_the_parts_as_written_not_their_stems_across_anothe
     assert st.missing_terms == [] and st.status == "passages", st
 
 
+def test_a_possessive_is_the_name_it_follows(any_store, tasks_kb):
+    """Before: "what causes ERR_4521's expiry?" said `no passage mentions "ERR_4521's"` beside a
+    page about ERR_4521 — the possessive was read as part of the name, which no page writes."""
+    store = any_store
+    from localkb.store.analysis import analyze, plan_query
+
+    add(tasks_kb, "err", "Error codes", "ERR_4521 means the sync token expired; sign in again.")
+    add(tasks_kb, "alz", "Alzheimer disease", "Alzheimer disease is a neurodegenerative disorder.")
+    add(tasks_kb, "alz2", "Dementia", "Alzheimer’s disease is the most common dementia.")
+    res = search(store, "what causes ERR_4521's expiry?")
+    st = res.statuses[0]
+    assert res.exact_terms == ["ERR_4521"] and st.missing_terms == [], st
+    assert st.status == "passages" and res.hits[0].title == "Error codes", st
+    # Written with or without the possessive, in the question or the page, it is one word.
+    for query in ("Alzheimer's", "Alzheimer"):
+        titles = {h.title for h in search(store, query, mode="keyword", k=5).hits}
+        assert {"Alzheimer disease", "Dementia"} <= titles, (query, titles)
+    assert analyze("ERR_4521's cause") == analyze("ERR_4521 cause")
+    assert plan_query("p53’s role").exact[0].text == "p53"
+    # An apostrophe inside a word is not a possessive.
+    assert [t for t, _ in analyze("don't O'Brien")][:1] == ["don't"]
+    assert "o'brien" in {t for t, _ in analyze("O'Brien")}
+
+
 def test_versions_are_one_term_and_never_a_longer_or_swapped_one(any_store, tasks_kb):
     store = any_store
     from localkb.store.analysis import analyze, plan_query
@@ -248,7 +272,8 @@ def test_an_index_built_before_positions_is_rebuilt_on_open(settings, store, kb)
     meta = read_json(meta_path)
     assert meta["schema"] == SCHEMA and meta["engine"] == tasks_kb.record.keyword_engine
     store.close()
-    for old in (None, 2):  # before positions; the analysis before both engines shared it
+    # Before positions; the analysis before both engines shared it; before possessives.
+    for old in (None, 2, 3):
         if old is None:
             meta.pop("schema")  # what an index of the release before carries
         else:

@@ -42,7 +42,7 @@ from localkb.answer.llm import DEFAULT_TIMEOUTS, Endpoint, Timeouts, ToolCall, s
 from localkb.answer.privacy import GateResult, Placement, allowed_knowledge_bases, locate
 from localkb.errors import Cancelled, InvalidInput, LLMUnavailable, LocalKBError, PrivacyBlocked
 from localkb.retrieval.search import Hit, KBStatus, Reranker, Searcher, names_phrase, summary_line
-from localkb.store.analysis import TOKEN_PATTERN, stopwords
+from localkb.store.analysis import stopwords, tokens
 from localkb.store.base import KnowledgeStore as Store
 from localkb.store.catalog import KBRecord
 
@@ -71,7 +71,6 @@ CONFIRM_TIMEOUT_S = 600.0
 STAGES = ("rewrite", "embed", "vector", "keyword", "fuse", "rerank", "generate")
 
 _WORD = re.compile(r"[\w'’-]+", re.UNICODE)
-_TOKEN = re.compile(TOKEN_PATTERN, re.UNICODE)
 _ANAPHORA = frozenset({
     "it", "its", "that", "this", "these", "they", "them", "their", "those", "and", "also",
     "he", "she", "him", "her", "there", "same", "such", "one", "ones",
@@ -181,7 +180,7 @@ def fallback_rewrite(message: str, history: Sequence[Turn]) -> str:
     for turn in reversed(list(history)[-HISTORY_TURNS:]):
         if turn.role != "user":
             continue
-        for token in _TOKEN.findall(turn.content):
+        for token in tokens(turn.content):
             low = token.lower()
             if (len(low) < 2 or low in seen or low in own or low in _ANAPHORA
                     or low in stopwords()):

@@ -7,6 +7,7 @@ strings and tuples.
 
 Indexing a text:
 
+- a trailing English possessive is no part of a token (``Alzheimer's`` is ``Alzheimer``);
 - a plain word is lower-cased and Porter-stemmed; English, French and German stopwords
   give no term but still take a position (so ``Task is done`` is not the phrase ``task done``);
 - a code-like token (anything not purely alphabetic: ``ERR_4521``, ``e-mail``,
@@ -37,8 +38,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 MAX_QUERY_TERMS = 12
-#: A token: word characters joined by single hyphens, dots, slashes, colons or apostrophes.
-TOKEN_PATTERN = r"\w+(?:[-./:'’]\w+)*"  # noqa: S105 - a regex, not a password
+#: A token: word characters joined by single hyphens, dots, slashes, colons or apostrophes,
+#: less an English possessive: ``ERR_4521's`` and ``Alzheimer’s`` are ``ERR_4521`` and
+#: ``Alzheimer`` (as Lucene's EnglishPossessiveFilter has it), so a question that writes the
+#: possessive asks for the name the pages write. The group is the token (``findall`` returns
+#: it); the possessive is matched after it, so it never becomes a token ``s`` of its own.
+TOKEN_PATTERN = r"(\w+(?:[-./:]\w+|['’](?![sS](?!\w))\w+)*)(?:['’][sS](?!\w))?"  # noqa: S105 - a regex
 TOKEN = re.compile(TOKEN_PATTERN, re.UNICODE)
 _JOINERS = re.compile(r"[-_./:'’]")
 #: Qualifier separators: what splits ``asyncio.Task.done`` into ``asyncio``, ``Task``, ``done``.
@@ -352,7 +357,7 @@ def plan_query(query: str) -> QueryPlan:
     terms: list[str] = []
     exact: list[ExactTerm] = []
     parts: dict[str, list[str]] = {}
-    for raw in TOKEN.findall(query):
+    for raw in tokens(query):
         token = raw.strip("'’")
         norm = normalize(token)
         if not norm:

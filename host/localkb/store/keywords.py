@@ -25,8 +25,9 @@ from localkb.store.analysis import analyze
 
 #: What the saved index was analysed with; an index of another schema is rebuilt from the
 #: catalogue on open (2: positions, qualified suffixes, version terms; 3: the
-#: tantivy engine indexes the same analysis, several terms at one position).
-SCHEMA = 3
+#: tantivy engine indexes the same analysis, several terms at one position; 4: a trailing
+#: possessive is no part of a token).
+SCHEMA = 4
 #: At most this many terms are scored in one OR query (a bit each records which a hit holds).
 MAX_SEARCH_TERMS = 24
 
