@@ -39,7 +39,7 @@ from functools import lru_cache
 
 MAX_QUERY_TERMS = 12
 #: A token: word characters joined by single hyphens, dots, slashes, colons or apostrophes,
-#: less an English possessive: ``ERR_4521's`` and ``Alzheimer’s`` are ``ERR_4521`` and
+#: less an English possessive (either apostrophe): ``ERR_4521's`` and ``Alzheimer's`` are ``ERR_4521`` and
 #: ``Alzheimer`` (as Lucene's EnglishPossessiveFilter has it), so a question that writes the
 #: possessive asks for the name the pages write. The group is the token (``findall`` returns
 #: it); the possessive is matched after it, so it never becomes a token ``s`` of its own.
