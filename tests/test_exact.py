@@ -146,6 +146,23 @@ def test_a_possessive_is_the_name_it_follows(any_store, tasks_kb):
     assert "o'brien" in {t for t, _ in analyze("O'Brien")}
 
 
+def test_an_abbreviation_is_a_word_even_where_a_stopword_is_spelt_the_same(store, kb):
+    """Before: ``NO`` (nitric oxide), ``ER`` and ``ALS`` gave no term at all — English ``no``,
+    German ``er`` and ``als`` are stopwords — so "NO synthase" asked only for "synthase"."""
+    from localkb.store.analysis import analyze, plan_query
+
+    add(kb, "no", "Vascular tone", "NO synthase makes NO from arginine in endothelial cells.")
+    add(kb, "co", "Carbon monoxide", "Haem oxygenase makes CO; synthase activity is unchanged.")
+    add(kb, "er", "Protein folding", "ER stress follows misfolded proteins in the lumen.")
+    res = search(store, "NO synthase", mode="keyword", k=2)
+    assert [h.title for h in res.hits][:1] == ["Vascular tone"], [h.title for h in res.hits]
+    assert res.hits[0].matched_terms == 2
+    assert [h.title for h in search(store, "ER stress", mode="keyword", k=1).hits] == ["Protein folding"]
+    assert [t for t, _ in analyze("NO and ER in ALS")] == ["no", "er", "al"]
+    # Function words stay stopwords as prose writes them, and in a question typed in capitals.
+    assert analyze("no, The er") == [] and plan_query("WHAT IS THE WAL").terms == ("wal",)
+
+
 def test_versions_are_one_term_and_never_a_longer_or_swapped_one(any_store, tasks_kb):
     store = any_store
     from localkb.store.analysis import analyze, plan_query

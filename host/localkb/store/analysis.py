@@ -9,7 +9,8 @@ Indexing a text:
 
 - a trailing English possessive is no part of a token (``Alzheimer's`` is ``Alzheimer``);
 - a plain word is lower-cased and Porter-stemmed; English, French and German stopwords
-  give no term but still take a position (so ``Task is done`` is not the phrase ``task done``);
+  give no term but still take a position (so ``Task is done`` is not the phrase ``task done``),
+  unless written as an abbreviation (``NO``, ``ER``, ``ALS``: a capital after the first letter);
 - a code-like token (anything not purely alphabetic: ``ERR_4521``, ``e-mail``,
   ``asyncio.Task.done``) gives its whole lower-cased form, its qualified suffixes
   (``task.done``: the parts after each ``.``, ``:`` or ``/``), each at the position where
@@ -122,10 +123,23 @@ def is_exact_token(token: str, *, shouting: bool = False) -> bool:
     return is_identifier(low) or is_qualified_name(token)
 
 
+def is_abbreviation(token: str) -> bool:
+    """A word with a capital after its first letter (``NO``, ``ER``, ``ALS``, ``miR``): an
+    abbreviation or a name, never a function word, which prose writes in lower case or with
+    only its first letter capital (``The``)."""
+    return not token[1:].islower() and any(c.isupper() for c in token[1:])
+
+
 def normalize(token: str, *, keep_stopwords: bool = False) -> str | None:
-    """The indexed form of one token: lower case, stemmed if a plain word; None if a stopword."""
+    """The indexed form of one token: lower case, stemmed if a plain word; None if a stopword.
+
+    A stopword written as an abbreviation (``is_abbreviation``) is a word: the stopwords of
+    three languages hold words that are abbreviations in any field (French ``es``, ``par``;
+    German ``er``, ``als``; English ``no``, ``who``), so nitric oxide (``NO``), the
+    endoplasmic reticulum (``ER``), ALS and ``IS NULL`` keep their terms.
+    """
     low = token.lower()
-    if not keep_stopwords and low in stopwords():
+    if not keep_stopwords and low in stopwords() and not is_abbreviation(token):
         return None
     if is_code_like(low):
         return version_term(low) or low
@@ -359,7 +373,8 @@ def plan_query(query: str) -> QueryPlan:
     parts: dict[str, list[str]] = {}
     for raw in tokens(query):
         token = raw.strip("'’")
-        norm = normalize(token)
+        # In a question typed in capitals, capitals mark no abbreviation.
+        norm = normalize(token.lower() if shouting else token)
         if not norm:
             continue
         if is_exact_token(token, shouting=shouting) and norm not in {e.term for e in exact}:
