@@ -191,6 +191,30 @@ def _fill(kb, n: int = 6) -> None:
                                       title=f"ERR_45{i:02d}"), key=f"page:{i}")
 
 
+def test_a_tantivy_write_killed_before_its_commit_does_not_block_the_next_one(tmp_path: Path):
+    """Before: after a kill -9 between writing a delete file and committing ``meta.json``, the
+    next write reached the same opstamp and failed, "FileAlreadyExists(<segment>.25.del)", so
+    the knowledge base could not be written again (seen in the random-kill ingest test)."""
+    import shutil
+
+    from localkb.store.tantivy_index import TantivyIndex
+
+    folder = tmp_path / "kw"
+    ki = TantivyIndex.create(folder)
+    ki.write([(f"c{i}", f"valve V-{i} opens at {i} bar") for i in range(20)], [], 1)
+    committed = tmp_path / "committed-meta.json"
+    shutil.copy(folder / "meta.json", committed)
+    ki.write([("c3", "valve V-3 was replaced")], ["c5"], 2)
+    ki.close()
+    # What the kill leaves: the write's files on disk, the commit before it in meta.json.
+    assert any(p.suffix == ".del" for p in folder.iterdir())
+    shutil.copy(committed, folder / "meta.json")
+    ki = TantivyIndex.load(folder)
+    ki.write([("c3", "valve V-3 was replaced")], ["c5"], 2)
+    assert ki.doc_count() == 19 and ki.chunks_with("replac") == ["c3"] and ki.chunks_with("v-5") == []
+    ki.close()
+
+
 def test_switching_the_engine_rebuilds_the_index_from_the_catalogue(store, kb):
     store.update_kb("Docs", keyword_engine="whoosh")
     kb = store.open_kb("Docs")

@@ -105,6 +105,11 @@ class TantivyIndex(EngineBase):
             try:
                 writer = self.ix.writer(heap_size=WRITER_HEAP, num_threads=1)
                 try:
+                    # A writer killed before its commit leaves the files it wrote (a segment's
+                    # ``<segment>.<opstamp>.del``) unreferenced by ``meta.json``; this write
+                    # would reach the same opstamps and fail to create the same name. tantivy
+                    # sweeps them only after a commit: sweep them first.
+                    writer.garbage_collect_files()
                     for cid in deletes:
                         writer.delete_documents_by_term("chunk_id", cid)
                     # A new index (a rebuild, an import) holds nothing to replace: a delete per
