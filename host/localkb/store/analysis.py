@@ -40,10 +40,11 @@ from functools import lru_cache
 
 MAX_QUERY_TERMS = 12
 #: A token: word characters joined by single hyphens, dots, slashes, colons or apostrophes,
-#: less an English possessive (either apostrophe): ``ERR_4521's`` and ``Alzheimer's`` are ``ERR_4521`` and
-#: ``Alzheimer`` (as Lucene's EnglishPossessiveFilter has it), so a question that writes the
-#: possessive asks for the name the pages write. The group is the token (``findall`` returns
-#: it); the possessive is matched after it, so it never becomes a token ``s`` of its own.
+#: less an English possessive (either apostrophe): ``ERR_4521's`` and ``Alzheimer's`` are
+#: ``ERR_4521`` and ``Alzheimer`` (as Lucene's EnglishPossessiveFilter has it), so a question
+#: that writes the possessive asks for the name the pages write. The group is the token
+#: (``findall`` returns it); the possessive is matched after it, so it never becomes a token
+#: ``s`` of its own.
 TOKEN_PATTERN = r"(\w+(?:[-./:]\w+|['’](?![sS](?!\w))\w+)*)(?:['’][sS](?!\w))?"  # noqa: S105 - a regex
 TOKEN = re.compile(TOKEN_PATTERN, re.UNICODE)
 _JOINERS = re.compile(r"[-_./:'’]")
@@ -127,7 +128,7 @@ def is_abbreviation(token: str) -> bool:
     """A word with a capital after its first letter (``NO``, ``ER``, ``ALS``, ``miR``): an
     abbreviation or a name, never a function word, which prose writes in lower case or with
     only its first letter capital (``The``)."""
-    return not token[1:].islower() and any(c.isupper() for c in token[1:])
+    return any(c.isupper() for c in token[1:])
 
 
 def normalize(token: str, *, keep_stopwords: bool = False) -> str | None:

@@ -12,6 +12,7 @@ our Whoosh weighting uses.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -108,8 +109,11 @@ class TantivyIndex(EngineBase):
                     # A writer killed before its commit leaves the files it wrote (a segment's
                     # ``<segment>.<opstamp>.del``) unreferenced by ``meta.json``; this write
                     # would reach the same opstamps and fail to create the same name. tantivy
-                    # sweeps them only after a commit: sweep them first.
-                    writer.garbage_collect_files()
+                    # sweeps them only after a commit: sweep them first. A sweep that fails
+                    # is no failure of this write (if a stale file is still in the way, the
+                    # commit below says so).
+                    with contextlib.suppress(OSError, ValueError, RuntimeError):
+                        writer.garbage_collect_files()
                     for cid in deletes:
                         writer.delete_documents_by_term("chunk_id", cid)
                     # A new index (a rebuild, an import) holds nothing to replace: a delete per
