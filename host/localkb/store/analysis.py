@@ -372,8 +372,7 @@ def plan_query(query: str) -> QueryPlan:
     terms: list[str] = []
     exact: list[ExactTerm] = []
     parts: dict[str, list[str]] = {}
-    for raw in tokens(query):
-        token = raw.strip("'’")
+    for token in tokens(query):  # none starts or ends with an apostrophe (TOKEN_PATTERN)
         # In a question typed in capitals, capitals mark no abbreviation.
         norm = normalize(token.lower() if shouting else token)
         if not norm:
