@@ -146,6 +146,37 @@ def test_a_possessive_is_the_name_it_follows(any_store, tasks_kb):
     assert "o'brien" in {t for t, _ in analyze("O'Brien")}
 
 
+def test_a_backslash_command_is_its_own_name(any_store, tasks_kb):
+    """Before: psql's meta-command ``\\lo_export`` was indexed as ``lo_export``, so its entry
+    "defined" the server function of that name, and ``\\copy`` was the word ``copy``; a
+    backslash that opens a word is part of the name (psql and shell commands, escapes,
+    regular-expression classes, TeX macros), as ``$`` or ``-`` would be in other tools."""
+    store = any_store
+    from localkb.store.analysis import analyze, plan_query
+
+    add(tasks_kb, "psql", "psql",
+        "`\\lo_export` *`loid`* *`filename`*\n: Reads the large object with OID loid and "
+        "writes it to filename. Note that this is subtly different from the server function "
+        "`lo_export`, which acts with the permissions of the database server.\n\n"
+        "`\\copy` *`table`*\n: Runs a frontend (client) data transfer.")
+    add(tasks_kb, "lo", "Server-side large object functions",
+        "`lo_export` ( *`loid`* `oid`, *`filename`* `text` )\n: Exports the large object to a "
+        "file on the server.")
+    add(tasks_kb, "copy", "COPY", "COPY moves data between tables and files on the server.")
+    res = search(store, "lo_export", mode="keyword", k=2)
+    assert [h.title for h in res.hits][:1] == ["Server-side large object functions"], res.hits
+    res = search(store, "\\lo_export", k=2)
+    assert res.exact_terms == ["\\lo_export"] and res.hits[0].title == "psql", res.hits
+    assert [h.title for h in search(store, "\\copy", mode="keyword", k=1).hits] == ["psql"]
+    assert "psql" not in {h.title for h in search(store, "copy", mode="keyword", k=5).hits}
+    # An absent command is an absent name, as any other.
+    st = search(store, "\\lo_import").statuses[0]
+    assert st.missing_terms == ["\\lo_import"] and st.status != "passages", st
+    assert plan_query("\\dt+ output").exact[0].text == "\\dt"
+    # A backslash inside a word or a path separates, as before.
+    assert analyze("C:\\Users\\Public a\\b \\_x \\0") == analyze("C: Users Public a b _x 0")
+
+
 def test_an_abbreviation_is_a_word_even_where_a_stopword_is_spelt_the_same(store, kb):
     """Before: ``NO`` (nitric oxide), ``ER`` and ``ALS`` gave no term at all — English ``no``,
     German ``er`` and ``als`` are stopwords — so "NO synthase" asked only for "synthase"."""
@@ -289,8 +320,9 @@ def test_an_index_built_before_positions_is_rebuilt_on_open(settings, store, kb)
     meta = read_json(meta_path)
     assert meta["schema"] == SCHEMA and meta["engine"] == tasks_kb.record.keyword_engine
     store.close()
-    # Before positions; the analysis before both engines shared it; before possessives.
-    for old in (None, 2, 3):
+    # Before positions; the analysis before both engines shared it; before possessives;
+    # before backslash commands.
+    for old in (None, 2, 3, 4):
         if old is None:
             meta.pop("schema")  # what an index of the release before carries
         else:

@@ -793,7 +793,8 @@ def cmd_model_build(args, out: Out) -> int:
         if v:
             lines.append(f"  built fp32 vs packaged int8: mean cosine {v.get('fp32_vs_packaged_mean')}; "
                          f"built int8 vs fp32: mean {v.get('int8_vs_fp32_mean')}, "
-                         f"min {v.get('int8_vs_fp32_min')}")
+                         f"min {v.get('int8_vs_fp32_min')}; "
+                         f"int8 alone vs in a batch: min {v.get('int8_alone_vs_batched_min')}")
         sel = chosen.selection
         if sel.get("tokens_per_s"):
             lines.append(f"  tokens/s on this machine (median of {sel.get('rounds', 1)} interleaved rounds): "

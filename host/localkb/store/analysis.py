@@ -44,10 +44,16 @@ MAX_QUERY_TERMS = 12
 #: ``ERR_4521`` and ``Alzheimer`` (as Lucene's EnglishPossessiveFilter has it), so a question
 #: that writes the possessive asks for the name the pages write. The group is the token
 #: (``findall`` returns it); the possessive is matched after it, so it never becomes a token
-#: ``s`` of its own.
-TOKEN_PATTERN = r"(\w+(?:[-./:]\w+|['’](?![sS](?!\w))\w+)*)(?:['’][sS](?!\w))?"  # noqa: S105 - a regex
+#: ``s`` of its own. A backslash that opens a word with a letter (after white space, a
+#: bracket or a quote) is part of the name: ``\\lo_export`` and ``\\copy`` are psql's commands, not the
+#: server function ``lo_export`` or the word ``copy`` (so too escapes, regular-expression
+#: classes and TeX macros: ``\\n``, ``\\d``, ``\\section``); inside a word or a path
+#: (``a\\b``, ``C:\\Users``), or before a digit or ``_`` (``\\0``, Markdown's ``\\_``), it
+#: separates, as before.
+TOKEN_PATTERN = (r"((?:(?<![^\s(\[{<`'\"‘“])\\(?=[^\W\d_]))?"  # noqa: S105 - a regex
+                 r"\w+(?:[-./:]\w+|['’](?![sS](?!\w))\w+)*)(?:['’][sS](?!\w))?")
 TOKEN = re.compile(TOKEN_PATTERN, re.UNICODE)
-_JOINERS = re.compile(r"[-_./:'’]")
+_JOINERS = re.compile(r"[-_./:'’\\]")
 #: Qualifier separators: what splits ``asyncio.Task.done`` into ``asyncio``, ``Task``, ``done``.
 _QUALIFIERS = re.compile(r"[./:]")
 _VERSION = re.compile(r"^[vV]?(\d+(?:\.\d+)+)$")
@@ -106,15 +112,15 @@ def is_qualified_name(token: str) -> bool:
 def is_exact_token(token: str, *, shouting: bool = False) -> bool:
     """Whether a query token, as typed, names something that must be matched exactly.
 
-    Identifiers (letters with digits, or an underscore), versions, qualified names, and
-    words whose case marks them as names: ``camelCase`` (words joined by capitals that start
-    each new word: ``getElementById``; not ``mRNA``, ``siRNA`` or ``mTOR``, where a
-    lower-case letter prefixes an acronym — words of a field's vocabulary, written that way
-    in prose) and ALL-CAPS of four letters or more (``PYTHONHASHSEED``), the latter unless
-    the whole query is in capitals (``shouting``). Hyphenated words and bare numbers are
-    not: ``e-mail``, ``8008``.
+    Identifiers (letters with digits, or an underscore), versions, qualified names,
+    backslash commands (``\\copy``), and words whose case marks them as names:
+    ``camelCase`` (words joined by capitals that start each new word: ``getElementById``;
+    not ``mRNA``, ``siRNA`` or ``mTOR``, where a lower-case letter prefixes an acronym —
+    words of a field's vocabulary, written that way in prose) and ALL-CAPS of four letters
+    or more (``PYTHONHASHSEED``), the latter unless the whole query is in capitals
+    (``shouting``). Hyphenated words and bare numbers are not: ``e-mail``, ``8008``.
     """
-    if version_term(token):
+    if version_term(token) or token.startswith("\\"):
         return True
     if token.isalpha():
         if _CAMEL.search(token):

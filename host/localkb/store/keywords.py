@@ -26,8 +26,9 @@ from localkb.store.analysis import analyze
 #: What the saved index was analysed with; an index of another schema is rebuilt from the
 #: catalogue on open (2: positions, qualified suffixes, version terms; 3: the
 #: tantivy engine indexes the same analysis, several terms at one position; 4: a trailing
-#: possessive is no part of a token, and an abbreviation is never a stopword).
-SCHEMA = 4
+#: possessive is no part of a token, and an abbreviation is never a stopword; 5: a
+#: backslash that opens a word is part of the name, ``\\copy``).
+SCHEMA = 5
 #: At most this many terms are scored in one OR query (a bit each records which a hit holds).
 MAX_SEARCH_TERMS = 24
 
