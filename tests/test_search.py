@@ -13,7 +13,7 @@ from localkb.errors import EmbeddingUnavailable, InvalidInput, KnowledgeBaseNotF
 from localkb.ingest.extract import extract_text
 from localkb.ingest.pipeline import add_document, ingest_documents
 from localkb.retrieval.evaluate import run_eval
-from localkb.retrieval.hybrid import rrf
+from localkb.retrieval.hybrid import rrf, tied_ranks
 from localkb.retrieval.search import Searcher, fetch_k, keyword_weight, status_line
 from localkb.store import keyword_engine
 from localkb.store.analysis import query_terms
@@ -109,6 +109,11 @@ def test_fetch_k_and_rrf():
     weighted = rrf({"vector": ["a", "b"], "keyword": ["b", "a"]}, 60, {"keyword": 0.4})
     assert weighted["a"] == pytest.approx((1 / 61 + 0.4 / 62) / (2 / 61))
     assert weighted["a"] > weighted["b"]
+    # Tied members of a list count alike: vector's order decides between them.
+    assert tied_ranks(["x", "x", "y", "x", "y"]) == [1, 1, 3, 1, 3]
+    tied = rrf({"vector": ["a", "b"], "keyword": ["b", "a", "c"]}, 60, {"keyword": 0.4},
+               {"keyword": [1, 1, 3]})
+    assert tied["a"] > tied["b"] and tied["c"] == pytest.approx((0.4 / 63) / (2 / 61))
 
 
 def test_a_word_in_every_passage_barely_counts(tmp_path: Path, engine: str):

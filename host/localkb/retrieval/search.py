@@ -20,7 +20,7 @@ import numpy as np
 
 from localkb.errors import EmbeddingUnavailable, InvalidInput, LocalKBError
 from localkb.ingest.chunk import defining_spans_ranked, passage_text
-from localkb.retrieval.hybrid import rrf
+from localkb.retrieval.hybrid import rrf, tied_ranks
 from localkb.store.analysis import ExactTerm, QueryPlan, analyze, named_terms, plan_query
 from localkb.store.base import KnowledgeBaseHandle, KnowledgeStore, Legs
 from localkb.store.catalog import vector_key
@@ -262,6 +262,8 @@ class Candidates:
 
     lists: dict[str, list[int]] = field(default_factory=dict)
     weights: dict[str, float] = field(default_factory=dict)
+    #: Ranks of a list whose members are partly tied (``hybrid.rrf``'s ``ranks``).
+    ranks: dict[str, list[int]] = field(default_factory=dict)
     sims: dict[int, float] = field(default_factory=dict)
     bm25: dict[int, tuple[float, int]] = field(default_factory=dict)
     qvec: np.ndarray | None = None
@@ -626,6 +628,10 @@ class Searcher:
             n = legs.doc_count()
             common = frozenset(t for t in terms if 2 * legs.doc_frequency(t) >= n) if khits else frozenset()
             got.weights["keyword"] = keyword_weight(khits, len(terms), common)
+            if got.weights["keyword"] < 1.0:
+                # Evidence of one word, not of the question: the pages holding the same
+                # words are one vote, not an order by BM25's length normalisation.
+                got.ranks["keyword"] = tied_ranks([frozenset(h.terms - common) for h in khits])
             got.bm25.update((vector_key(h.chunk_id), (h.bm25, h.matched)) for h in khits)
             got.terms.update((vector_key(h.chunk_id), h.terms) for h in khits)
             present = [m for m in found if m.how in ("whole", "backoff")]
@@ -689,7 +695,7 @@ class Searcher:
               found: list[TermMatch], *, cutoff: float, floor: bool, missing: list[str]) -> list[Hit]:
         """The fused candidates as hits, each marked relevant (above the floor) or not."""
         name = kb.record.name
-        fused = rrf(got.lists, self.store.settings.rrf_k, got.weights)
+        fused = rrf(got.lists, self.store.settings.rrf_k, got.weights, got.ranks)
         rows = legs.rows(list(fused), got.qvec)
         hits: list[Hit] = []
         need_terms = len(plan.terms) / 2
