@@ -407,8 +407,8 @@ def quantise_per_token(model: Any) -> Any:
         out = n.output[0]
         w_q = const(out + "/w_int8", np.clip(np.round(w / w_scale), -127, 127).astype(np.int8))
         w_s = const(out + "/w_scale", w_scale.astype(np.float32))
-        w_zero = const(out + "/w_zero", np.zeros(w.shape[1], dtype=np.int8))
-        product = node("MatMulIntegerToFloat", [q, w_q, one, w_s, centre, w_zero],
+        # Symmetric weights: no zero point (the input is optional).
+        product = node("MatMulIntegerToFloat", [q, w_q, one, w_s, centre],
                        out + "/int", domain="com.microsoft")
         scaled = node("Mul", [product, row_scale], out + "/scaled")
         cols = const(out + "/cols", np.array([w.shape[1]], dtype=np.int64))

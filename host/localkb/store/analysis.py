@@ -45,11 +45,11 @@ MAX_QUERY_TERMS = 12
 #: that writes the possessive asks for the name the pages write. The group is the token
 #: (``findall`` returns it); the possessive is matched after it, so it never becomes a token
 #: ``s`` of its own. A backslash that opens a word with a letter (after white space, a
-#: bracket or a quote) is part of the name: ``\\lo_export`` and ``\\copy`` are psql's commands, not the
-#: server function ``lo_export`` or the word ``copy`` (so too escapes, regular-expression
-#: classes and TeX macros: ``\\n``, ``\\d``, ``\\section``); inside a word or a path
-#: (``a\\b``, ``C:\\Users``), or before a digit or ``_`` (``\\0``, Markdown's ``\\_``), it
-#: separates, as before.
+#: bracket or a quote) is part of the name: ``\\lo_export`` and ``\\copy`` are psql's
+#: commands, not the server function ``lo_export`` or the word ``copy`` (so too escapes,
+#: regular-expression classes and TeX macros: ``\\n``, ``\\d``, ``\\section``); inside a
+#: word or a path (``a\\b``, ``C:\\Users``), or before a digit or ``_`` (``\\0``,
+#: Markdown's ``\\_``), it separates, as before.
 TOKEN_PATTERN = (r"((?:(?<![^\s(\[{<`'\"‘“])\\(?=[^\W\d_]))?"  # noqa: S105 - a regex
                  r"\w+(?:[-./:]\w+|['’](?![sS](?!\w))\w+)*)(?:['’][sS](?!\w))?")
 TOKEN = re.compile(TOKEN_PATTERN, re.UNICODE)
