@@ -790,3 +790,35 @@ def test_a_term_that_links_to_another_page_is_a_reference_not_a_definition(store
         lists = {h.title: h.lists for h in res.hits}
         assert [h.title for h in res.hits][:1] == ["20.4. Resource Consumption"], (mode, lists)
         assert "defines" not in lists["70.5. GIN Tips and Tricks"], (mode, lists)
+
+
+def test_a_source_line_break_in_running_text_is_a_space_as_a_browser_renders_it(store, kb):
+    """Before: a paragraph kept its HTML source's line breaks, so a name that happened to open
+    a source line before a parenthesis (``<code>from_collapse_limit</code> (so that explicit
+    joins…``) read as a signature: the prose page "defined" the setting beside the page whose
+    definition term it is, and on the PostgreSQL manual came first for 14 identifier queries
+    (``from_collapse_limit``, ``temp_tablespaces``, ``brin_summarize_new_values``, …).
+    A browser renders those breaks as spaces; only ``pre`` keeps its lines."""
+    from localkb.ingest.chunk import defining_spans
+
+    joins = extract_html(
+        '<html><head><title>14.3. Controlling the Planner with Explicit JOIN Clauses</title></head>'
+        '<body><h1>14.3. Controlling the Planner with Explicit JOIN Clauses</h1><p>Typically\n'
+        '   you would either set <code class="varname">join_collapse_limit</code> equal to\n'
+        '   <code class="varname">from_collapse_limit</code> (so that explicit joins and subqueries\n'
+        '   act similarly) or set <code class="varname">join_collapse_limit</code> to 1 (if you '
+        'want\n   to control join order with explicit joins).</p>\n<pre class="programlisting">'
+        'SET join_collapse_limit = 1;\nSELECT * FROM a CROSS JOIN b;</pre></body></html>')
+    assert ("equal to `from_collapse_limit` (so that explicit joins and subqueries act similarly)"
+            in joins.text), joins.text
+    assert "SET join_collapse_limit = 1;\nSELECT * FROM a CROSS JOIN b;" in joins.text, joins.text
+    assert not any("from_collapse_limit" in s for s in defining_spans(joins.title, joins.text)[1:])
+    add_document_to(kb, joins, key="page:joins")
+    add_document_to(kb, extract_html(_guc_page(
+        "from_collapse_limit", "The planner will merge sub-queries into upper queries if the "
+        "resulting FROM list would have no more than this many items.").replace(
+            "20.5. Write Ahead Log", "20.7. Query Planning")), key="page:planning")
+    res = search(store, "from_collapse_limit", per_source=1, k=2)
+    lists = {h.title: h.lists for h in res.hits}
+    assert "defines" not in lists["14.3. Controlling the Planner with Explicit JOIN Clauses"], lists
+

@@ -80,6 +80,9 @@ _PERMALINK_WORDS = re.compile(r"permalink|permanent link|link to this|anchor|hea
 #: A permalink mark left at the end of a title or heading (``Coroutines and Tasks¶``).
 _TRAILING_MARK = re.compile(r"[ \t]*[¶§🔗]+[ \t]*$", re.MULTILINE)
 _XML_DECLARATION = re.compile(r"^\s*<\?xml[^>]*\?>")
+_SOURCE_BREAK = re.compile(r"[ \t\r\f]*\n\s*")
+#: Where a page's own line breaks are its text (CSS ``white-space: pre``), not source layout.
+_KEEPS_LINES = "//pre | //textarea | //script | //style | //*[contains(@style, 'white-space')]"
 
 
 def _tidy(text: str) -> str:
@@ -363,6 +366,7 @@ def _prepare_html(html: str) -> tuple[str, DeclaredTitles, list[PageTable]]:
     except Exception:
         return html, DeclaredTitles(), []
     declared = _declared_titles(tree)
+    _unwrap_source_lines(tree)
     _label_admonitions(tree)
     for a in tree.xpath("//a[@href]"):
         if _is_permalink(a):
@@ -377,6 +381,26 @@ def _prepare_html(html: str) -> tuple[str, DeclaredTitles, list[PageTable]]:
             if next(iter(dd.xpath("preceding-sibling::dt[1]")), None) in held]:
         el.text = f"{mark} {el.text or ''}"
     return lxml.html.tostring(tree, encoding="unicode"), declared, _page_tables(tree)
+
+
+def _unwrap_source_lines(tree) -> None:
+    """Line breaks of the HTML source inside running text as the spaces a browser renders.
+
+    A paragraph is one line of text however its source is wrapped. Kept as lines, the wraps
+    made a name that happened to open a source line read as a line's first word: a prose
+    mention (``<code>from_collapse_limit</code> (so that explicit joins…``) looked like a
+    signature, a definition of the name (``ingest.chunk.defining_spans``). Only ``pre``
+    (and elements styled to keep white space) keep their lines; ``br`` and block elements
+    still break lines, as they do on screen.
+    """
+    kept = {el for block in tree.xpath(_KEEPS_LINES) for el in block.iter()}
+    for el in tree.iter():
+        if not isinstance(el.tag, str):
+            continue  # comments and processing instructions are not text
+        if el.text and "\n" in el.text and el not in kept:
+            el.text = _SOURCE_BREAK.sub(" ", el.text)
+        if el.tail and "\n" in el.tail and el.getparent() not in kept:
+            el.tail = _SOURCE_BREAK.sub(" ", el.tail)
 
 
 def _one_line(text: str | None) -> str | None:
