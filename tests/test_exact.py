@@ -822,3 +822,27 @@ def test_a_source_line_break_in_running_text_is_a_space_as_a_browser_renders_it(
     lists = {h.title: h.lists for h in res.hits}
     assert "defines" not in lists["14.3. Controlling the Planner with Explicit JOIN Clauses"], lists
 
+
+def test_a_placeholder_in_a_definition_term_is_a_parameter_not_what_the_entry_defines(store, kb):
+    """Before: CREATE COLLATION's parameter entry ``*`lc_collate`*`` (DocBook's ``replaceable``,
+    rendered in italics) and vacuumdb's ``--min-mxid-age *`mxid_age`*`` "defined" the setting
+    and the function they only name a value for, and came first for ``lc_collate``,
+    ``lc_ctype`` and ``mxid_age`` on the PostgreSQL manual."""
+    from localkb.ingest.chunk import defining_spans
+
+    options = ("`--min-mxid-age` *`mxid_age`*\n: Only execute the vacuum or analyze commands on "
+               "tables with a multixact ID age of at least *`mxid_age`*.\n"
+               "*`lc_collate`*\n: Use the specified operating system locale for the LC_COLLATE "
+               "locale category.\n`os.replace`(*src*, *dst*)\n: Rename the file src to dst.")
+    spans = defining_spans("vacuumdb", options)
+    assert not any("mxid_age" in s or "lc_collate" in s or "src" in s for s in spans), spans
+    assert "`--min-mxid-age` " in spans and any(s.startswith("`os.replace`(") for s in spans), spans
+    add(kb, "vacuumdb", "vacuumdb", options)
+    add(kb, "functions-info", "9.26. System Information Functions",
+        "| `mxid_age` ( `xid` ) → `integer` Returns the number of multixacts IDs between the "
+        "supplied multixact ID and the current multixacts counter. |")
+    res = search(store, "mxid_age", per_source=1, k=2)
+    lists = {h.title: h.lists for h in res.hits}
+    assert "defines" in lists["9.26. System Information Functions"], lists
+    assert "defines" not in lists["vacuumdb"], lists
+    assert [h.title for h in res.hits][:1] == ["9.26. System Information Functions"], lists

@@ -56,6 +56,9 @@ _FIRST_WORD = re.compile(r"\w+(?:[-./:]\w+)*")
 #: The name a declaration gives before its parameter list: ``lo_close(`` in a C prototype,
 #: ```pg_mcv_list_items` (`` in a function synopsis.
 _DECLARED = re.compile(r"(\w+(?:[.:]\w+)*)[`*]*[ \t]*\(")
+#: An emphasised part of a definition term: a placeholder (DocBook's ``replaceable``, a
+#: Sphinx parameter), ``*`mxid_age`*`` in ``--min-mxid-age *`mxid_age`*``, not what it defines.
+_PLACEHOLDER = re.compile(r"(?<![*\w])\*(?!\*)[^*\n]+?(?<!\*)\*(?![*\w])")
 #: A fence line: it opens a code block (its info string saying what kind) or closes one.
 _FENCE = "```"
 
@@ -108,7 +111,7 @@ def defining_spans_ranked(title: str | None, body: str) -> list[tuple[str, int]]
         # chunker), not headings: a heading stands between blank lines or prose.
         heading = _HEADING.match(text) and not (prev.startswith("#") or nxt.startswith("#"))
         if heading or nxt == ":" or nxt.startswith(DEFINITION):
-            spans.append((text, OWN_ENTRY))
+            spans.append((text if heading else _PLACEHOLDER.sub("", text), OWN_ENTRY))
             continue
         rest = text[_LEAD_MARKUP.match(text).end():]
         word = _FIRST_WORD.match(rest)
