@@ -813,6 +813,11 @@ def test_a_source_line_break_in_running_text_is_a_space_as_a_browser_renders_it(
             in joins.text), joins.text
     assert "SET join_collapse_limit = 1;\nSELECT * FROM a CROSS JOIN b;" in joins.text, joins.text
     assert not any("from_collapse_limit" in s for s in defining_spans(joins.title, joins.text)[1:])
+    styled = extract_html('<html><body><article><h1>Haiku</h1><p>A paragraph that wraps\n in its '
+                          'source and reads as one line.</p><div style="white-space: pre-line">'
+                          'an old silent pond\na frog jumps into the pond</div></article></body></html>')
+    assert "wraps in its source" in styled.text, styled.text
+    assert "an old silent pond\na frog jumps" in styled.text, styled.text
     add_document_to(kb, joins, key="page:joins")
     add_document_to(kb, extract_html(_guc_page(
         "from_collapse_limit", "The planner will merge sub-queries into upper queries if the "

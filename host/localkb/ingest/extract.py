@@ -82,7 +82,9 @@ _TRAILING_MARK = re.compile(r"[ \t]*[¶§🔗]+[ \t]*$", re.MULTILINE)
 _XML_DECLARATION = re.compile(r"^\s*<\?xml[^>]*\?>")
 _SOURCE_BREAK = re.compile(r"[ \t\r\f]*\n\s*")
 #: Where a page's own line breaks are its text (CSS ``white-space: pre``), not source layout.
-_KEEPS_LINES = "//pre | //textarea | //script | //style | //*[contains(@style, 'white-space')]"
+_KEEPS_LINES = ("//pre | //textarea | //script | //style"
+                " | //*[contains(translate(@style, ' ', ''), 'white-space:pre')]"
+                " | //*[contains(translate(@style, ' ', ''), 'white-space:break-spaces')]")
 
 
 def _tidy(text: str) -> str:
