@@ -388,17 +388,20 @@ PGDOCS = REPO / "evals" / "pgdocs" / "sample"
 def test_real_docs_sample_meets_its_targets(engine, monkeypatch):
     """PostgreSQL manual pages judged by the manual's own index (evals/pgdocs/build.py --sample).
 
-    Scored with the packaged int8 model, the one every install has: which variant the
-    embedder uses is chosen by timing on each machine, and on this 38-query sample the
-    variants differ by one query (``pg_ident.conf``: two pages' best passages tie in the
-    fusion to the fourth decimal; built-fp32 and packaged-int8 rank the judged page first,
-    this machine's built-int8 second), so the check would depend on the machine.
+    Scored with the built per-token int8 model, forced (built here if it is not yet): which
+    variant the embedder uses is otherwise chosen by timing on each machine, and on this
+    38-query sample ``pg_ident.conf`` is a near-tie between two pages' best passages. The
+    packaged int8 model quantises with one scale per batch, and ingestion cuts its embedding
+    windows by timing (``embed_ahead(idle=True)``), so its vectors differ from run to run
+    (four runs, four different sets): the tie held by luck, and flipped in two runs of three
+    once code passages were cut differently. The per-token model's vectors depend on each
+    text alone (to float rounding), so the check is the same on every run and machine.
     """
     from localkb.retrieval.evaluate import run_eval
 
-    monkeypatch.setenv("LOCALKB_MODEL_VARIANT", "packaged-int8")
+    monkeypatch.setenv("LOCALKB_MODEL_VARIANT", "built-int8")
     res = run_eval(PGDOCS, baseline="bm25", keyword_engine=engine)
-    assert res["variant"] == "packaged-int8", res["variant"]
+    assert res["variant"] == "built-int8", res["variant"]
     assert res["keyword_engine"] == engine
     assert res["failed_documents"] == [] and res["absent_queries"] >= 30
     for mode in ("vector", "keyword", "hybrid"):
