@@ -410,17 +410,18 @@ def _one_line(text: str | None) -> str | None:
 
 
 def _mark_code_blocks(tree) -> None:
-    """Every ``pre`` of the page marked where it opens and closes; inline code on one line.
+    """Every ``pre`` of the page marked where it opens and closes; a ``pre`` in a table cell
+    is inline code of its row, on one line.
 
     trafilatura fences some ``pre`` blocks and not others, and writes an inline ``<code>``
     whose text wraps a source line as a block opened at the end of a prose line (280 of the
     PostgreSQL manual's 1,168 pages): read by its fences, what follows such a stray fence
     would be code. The page's own structure says what is code; ``_code_blocks`` writes the
-    marks back as the only fences. A ``pre`` in a table cell is inline code of its row.
+    marks back as the only fences. (Inline code is on one line already: a source line break
+    in running text is a space, ``_unwrap_source_lines``.)
     """
-    for code in tree.xpath("//code[not(ancestor::pre)] | //table//pre"):
-        if code.tag == "pre":
-            code.tag = "code"
+    for code in tree.xpath("//table//pre"):
+        code.tag = "code"
         for node in code.iter():
             node.text = _one_line(node.text)
             if node is not code:
