@@ -159,7 +159,7 @@ def _blocks(text: str) -> list[tuple[str, bool]]:
     out: list[tuple[str, bool]] = []
     code: str | None = None
     for para in _PARAGRAPHS.split(text):
-        lines = [ln for ln in para.strip().split("\n") if ln.strip()]
+        lines = [ln for ln in para.strip("\n").split("\n") if ln.strip()]  # (code keeps its indent)
         buf: list[str] = []
         for i, line in enumerate(lines):
             was, code = code, _fence_after(line, code)
@@ -254,7 +254,7 @@ def _pack(pieces: list[_Piece], budget: int, overlap: int, fence: int) -> list[t
                 + (fence if ps and ps[0].code_in else 0) + (fence if ps and ps[-1].code_out else 0))
 
     def flush(ps: list[_Piece]) -> None:
-        if ps and any(not p.heading for p in ps):
+        if ps:  # headings alone too: a run of empty sections is still the page's text
             lines = [p.text for p in ps]
             # A fence line alone where the passage starts or ends inside the block closes
             # or opens it there: it goes, and no fence is added for it.
@@ -267,8 +267,11 @@ def _pack(pieces: list[_Piece], budget: int, overlap: int, fence: int) -> list[t
                 lines.insert(0, opens)
             if closes:
                 lines.append(_FENCE)
-            if not all(line.strip().startswith(_FENCE) for line in lines):
-                chunks.append(("\n".join(lines), size(ps)))
+            text = "\n".join(lines)
+            # (a passage of fence lines alone says nothing; a whole code block is a piece
+            # whose first line is a fence, and it is text like any other)
+            if not all(line.strip().startswith(_FENCE) for line in text.split("\n") if line.strip()):
+                chunks.append((text, size(ps)))
 
     for piece in pieces:
         fits = size([*cur, piece]) <= budget

@@ -88,7 +88,16 @@ _KEEPS_LINES = ("//pre | //textarea | //script | //style"
 
 
 def _tidy(text: str) -> str:
-    lines = [_SPACES.sub(" ", line).strip() for line in text.replace("\r\n", "\n").split("\n")]
+    """Spaces collapsed and lines trimmed, except a fenced code block's lines: their
+    indentation is the code's (the model's tokenizer reads no white space, so a passage's
+    size is the same either way)."""
+    lines, code = [], False
+    for line in text.replace("\r\n", "\n").split("\n"):
+        if line.strip().startswith("```"):
+            code = not code
+            lines.append(line.strip())
+        else:
+            lines.append(line.rstrip() if code else _SPACES.sub(" ", line).strip())
     return _BLANKS.sub("\n\n", "\n".join(lines)).strip()
 
 
@@ -108,35 +117,28 @@ def decode_text(data: bytes) -> str:
 
 
 def extract_html(html: str | bytes, *, url: str | None = None, title: str | None = None) -> Document:
-    """Main text of a web page as Markdown-ish text (headings kept for chunking).
+    """A web page's whole content as Markdown-ish text (headings kept for chunking).
 
-    Falls back to the page's full visible text when trafilatura finds no main
-    content (short pages, app shells); raises ``InvalidDocument`` if even that is empty.
+    The page's main container (``main``, ``[role=main]``, an only ``article``, Sphinx's
+    ``div.body``, ``#content``; else the body) is written out whole, in document order,
+    without what is navigation by its structure (``nav``, a banner ``header`` or
+    ``footer``, sidebars, search forms; ``_CHROME``). Raises ``InvalidDocument`` when no
+    text is left.
     """
-    import trafilatura
-
     if isinstance(html, bytes):
         html = decode_text(html)
     if not html.strip():
         raise InvalidDocument("the page is empty")
-    html, declared, tables = _prepare_html(html)
+    tree, declared = _prepare_html(html)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            text = trafilatura.extract(
-                html,
-                url=url,
-                output_format="markdown",
-                include_comments=False,
-                include_tables=True,
-                include_formatting=True,
-                favor_recall=True,
-            )
             meta = _title_metadata(html)
         except Exception:
-            text, meta = None, None
-    text = _MD_ESCAPE.sub(r"\1", text or "")
-    text = _full_text(html) or text if len(text.strip()) < 20 else _restore_tables(text, tables)
+            meta = None
+    text = _render(_main_content(tree)) if tree is not None else ""
+    if len(text.strip()) < 20 and tree is not None:
+        text = _render(tree.find("body") if tree.find("body") is not None else tree)
     text = _code_blocks(text)
     text = _tidy(_definitions(text))
     if not text:
@@ -276,97 +278,17 @@ def _label_admonitions(tree) -> None:
             head.getparent().replace(head, para)
 
 
-_WORD = re.compile(r"[A-Za-z_][\w.]{3,}")
-
-
-@dataclass(frozen=True)
-class PageTable:
-    """A table of the page as the page has it: its caption, a Markdown rendering, and the
-    words found only in it (how its absence from an extraction is noticed)."""
-
-    caption: str
-    markdown: str
-    own_words: frozenset[str]
-
-
-def _words(text: str) -> list[str]:
-    return [w.lower().rstrip(".") for w in _WORD.findall(text)]
-
-
-def _spaced(el) -> str:
-    """An element's text with its pieces apart (``text_content`` runs cells into one word)."""
-    return " ".join(" ".join(el.itertext()).split())
-
-
-def _cell(el) -> str:
-    text = _spaced(el)
-    return text.replace(_TERM_MARK, "").replace(_DESC_MARK, "").replace("|", "\\|").strip()
-
-
-def _page_tables(tree) -> list[PageTable]:
-    """The page's outermost data tables (navigation and layout tables left out)."""
-    from collections import Counter
-
-    everywhere: Counter | None = None  # the page's word counts, read once a data table is met
-    out = []
-    for table in tree.xpath("//table[not(ancestor::table)]"):
-        if table.xpath("ancestor::nav|ancestor::header|ancestor::footer|ancestor::div[contains("
-                       "@class, 'navheader') or contains(@class, 'navfooter')]") \
-                or "navigation" in (table.get("summary") or "").lower():
-            continue
-        rows = [[_cell(c) for c in tr.xpath("./th|./td")] for tr in table.iter("tr")
-                if next(tr.iterancestors("table")) is table]
-        rows = [r for r in rows if any(r)]
-        if len(rows) < 2:
-            continue
-        lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
-        lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
-        if everywhere is None:
-            body = tree.find("body")
-            everywhere = Counter(_words(_spaced(body if body is not None else tree)))
-        mine = Counter(_words(_spaced(table)))
-        own = frozenset(w for w, n in mine.items() if everywhere[w] == n)
-        holder = table.xpath("ancestor::div[contains(concat(' ', normalize-space(@class), ' '), ' table ')]"
-                             "[1]/p[contains(@class, 'title')]|./caption")
-        caption = _spaced(holder[0]) if holder else ""
-        out.append(PageTable(caption, "\n".join(lines), own))
-    return out
-
-
-def _restore_tables(text: str, tables: list[PageTable]) -> str:
-    """``text`` with every table the extractor dropped put back, after its caption.
-
-    trafilatura 2.3 sometimes leaves out a whole table (6 of the PostgreSQL manual's 1,169
-    pages: the column tables of ``pg_enum`` and ``pg_group``, the comparison functions), so
-    the names only that table documents would read as absent. A table counts as dropped
-    when most of the words found only in it are missing from the extraction.
-    """
-    present = set(_words(text))
-    for table in tables:
-        if not table.own_words or len(table.own_words & present) * 2 >= len(table.own_words):
-            continue
-        lines = text.split("\n")
-        plain = [" ".join(re.sub(r"[*`]", "", line).split()) for line in lines]
-        at = next((i for i, line in enumerate(plain) if table.caption and line == table.caption), None)
-        if at is None:
-            text = text.rstrip() + "\n\n" + table.markdown
-        else:
-            text = "\n".join([*lines[: at + 1], "", table.markdown, "", *lines[at + 1 :]])
-        present |= table.own_words
-    return text
-
-
-def _prepare_html(html: str) -> tuple[str, DeclaredTitles, list[PageTable]]:
-    """The page made ready for trafilatura: permalink marks dropped, Sphinx signatures named in
-    full, definition terms and descriptions marked (``_definitions`` writes them back); the
-    titles its author declared (read before the permalink marks go); and its tables, to
-    check the extraction kept them."""
+def _prepare_html(html: str) -> tuple[object | None, DeclaredTitles]:
+    """The page parsed and made ready to write out: permalink marks dropped, Sphinx signatures
+    named in full, definition terms and descriptions marked (``_definitions`` writes them
+    back), code blocks marked; and the titles its author declared (read before the permalink
+    marks go)."""
     import lxml.html
 
     try:
         tree = lxml.html.fromstring(_XML_DECLARATION.sub("", html, count=1))
     except Exception:
-        return html, DeclaredTitles(), []
+        return None, DeclaredTitles()
     declared = _declared_titles(tree)
     _unwrap_source_lines(tree)
     _label_admonitions(tree)
@@ -382,7 +304,7 @@ def _prepare_html(html: str) -> tuple[str, DeclaredTitles, list[PageTable]]:
             (dd, _DESC_MARK) for dd in tree.xpath("//dd")
             if next(iter(dd.xpath("preceding-sibling::dt[1]")), None) in held]:
         el.text = f"{mark} {el.text or ''}"
-    return lxml.html.tostring(tree, encoding="unicode"), declared, _page_tables(tree)
+    return tree, declared
 
 
 def _unwrap_source_lines(tree) -> None:
@@ -403,6 +325,201 @@ def _unwrap_source_lines(tree) -> None:
             el.text = _SOURCE_BREAK.sub(" ", el.text)
         if el.tail and "\n" in el.tail and el.getparent() not in kept:
             el.tail = _SOURCE_BREAK.sub(" ", el.tail)
+
+
+# -- the page written out ----------------------------------------------------------------
+def _has_class(*names: str) -> str:
+    return " or ".join(f"contains(concat(' ', normalize-space(@class), ' '), ' {n} ')" for n in names)
+
+
+#: Where a page's content is, most specific first: a candidate counts when the page has
+#: exactly one (a list of articles is no article).
+_MAIN = ("//main", "//*[@role='main']", "//article",
+         f"//div[{_has_class('body')}]", f"//div[{_has_class('document')}]",
+         "//*[@id='content']", "//*[@id='main-content']")
+#: Navigation chrome by structure: what goes wherever it is. A ``header``, ``footer`` or
+#: ``aside`` is a page's banner, footer or sidebar only outside its content (an article's
+#: own header holds its title; Sphinx writes footnotes and topics as ``aside``).
+#: Class names of navigation chrome (Sphinx's sidebar and related bars, DocBook's navigation
+#: header and footer, skip links, breadcrumbs, menus, pydata-sphinx-theme's sidebars).
+_CHROME_CLASSES = ("sphinxsidebar", "related", "tagline", "navheader", "navfooter", "skip-link", "breadcrumb",
+                   "breadcrumbs", "mainmenu", "submenu", "searchmenu",
+                   "bd-sidebar-primary", "bd-sidebar-secondary", "prev-next-area",
+                   "bd-header-article", "sidebar-drawer", "viewcode-back")
+_CHROME = ("//nav | //form | //button | //script | //style | //noscript | //template"
+           " | //iframe | //object | //select | //input | //textarea | //*[@hidden]"
+           " | //*[@role='navigation' or @role='search' or @role='banner' or @role='contentinfo']"
+           f" | //*[{_has_class(*_CHROME_CLASSES)}]")
+_PAGE_CHROME = ("(//header | //footer | //aside)[not(ancestor::main or ancestor::article"
+                " or ancestor::*[@role='main'])]")
+_BLOCKS = frozenset("""address article aside blockquote body caption center details dialog div dl
+    fieldset figcaption figure footer header hgroup html legend main p section summary""".split())
+_EMPHASIS = {"em": "*", "i": "*", "var": "*", "cite": "*", "dfn": "*", "strong": "**", "b": "**",
+             "code": "`", "tt": "`", "kbd": "`", "samp": "`"}
+_SKIPPED = frozenset({"img", "picture", "video", "audio", "map", "area", "head", "title", "meta",
+                      "link", "base"})
+
+
+def _main_content(tree):
+    """The page's content container, navigation chrome dropped from the whole page."""
+    for el in tree.xpath(_CHROME) + tree.xpath(_PAGE_CHROME):
+        if el.getparent() is not None:
+            el.drop_tree()
+    for path in _MAIN:
+        found = tree.xpath(path)
+        if len(found) == 1 and " ".join(found[0].text_content().split()):
+            return found[0]
+    body = tree.find("body")
+    return body if body is not None else tree
+
+
+class _Writer:
+    """Text out, with the line breaks blocks ask for between what they hold."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.pending = 0  # newlines owed before the next text
+        self.prefix = ""  # a list mark or definition mark owed before the next text
+
+    def text(self, text: str) -> None:
+        if not text:
+            return
+        if text.strip() in (_TERM_MARK, _DESC_MARK):
+            self.prefix += text.strip() + " "
+            return
+        if self.pending:
+            self.parts.append("\n" * self.pending)
+            self.pending = 0
+        if self.prefix:
+            if not text.strip():
+                return
+            self.parts.append(self.prefix)
+            text, self.prefix = text.lstrip(), ""
+        self.parts.append(text)
+
+    def brk(self, lines: int) -> None:
+        if self.parts and not self.prefix:
+            self.pending = max(self.pending, lines)
+
+    def item(self, mark: str, lines: int = 1) -> None:
+        self.brk(lines)
+        self.prefix += mark
+
+    def value(self) -> str:
+        return "".join(self.parts)
+
+
+def _render(root) -> str:
+    out = _Writer()
+    _write(root, out, in_pre=False, gap=2)
+    return out.value()
+
+
+def _inline(el, *, in_pre: bool = False) -> str:
+    """An element's content on one line (a heading, a table cell)."""
+    out = _Writer()
+    _write_children(el, out, in_pre=in_pre, gap=1)
+    return " ".join(out.value().split())
+
+
+def _write_children(el, out: _Writer, *, in_pre: bool, gap: int) -> None:
+    out.text(el.text or "")
+    for child in el:
+        _write(child, out, in_pre=in_pre, gap=gap)
+        out.text(child.tail or "")
+
+
+def _write(el, out: _Writer, *, in_pre: bool, gap: int) -> None:
+    tag = el.tag.lower() if isinstance(el.tag, str) else None
+    if tag is None or tag in _SKIPPED:
+        return
+    if in_pre:  # inside code the text's own line breaks are its lines
+        if tag == "br":
+            out.text("\n")
+        elif tag in _EMPHASIS and not (_EMPHASIS[tag] == "`" and "\n" in el.text_content()):
+            _write_marked(el, out, tag)  # a placeholder in a synopsis (``*`option`*``)
+        else:
+            _write_children(el, out, in_pre=True, gap=gap)
+        return
+    if tag in ("h1", "h2", "h3", "h4", "h5", "h6"):
+        text = _inline(el)
+        if text:
+            out.brk(2)
+            out.text(f"{'#' * int(tag[1])} {text}")
+            out.brk(2)
+        return
+    if tag == "br":
+        out.brk(1)
+        return
+    if tag == "hr":
+        out.brk(2)
+        return
+    if tag == "pre":
+        out.brk(2)
+        _write_children(el, out, in_pre=True, gap=gap)
+        out.brk(2)
+        return
+    if tag == "table":
+        _write_table(el, out)
+        return
+    if tag == "svg":  # a diagram's words (a syntax diagram's keywords), not its drawing
+        words = [" ".join(t.text_content().split()) for t in el.iter("text")]
+        out.brk(2)
+        out.text(" ".join(w for w in words if w))
+        out.brk(2)
+        return
+    if tag in ("ul", "ol", "dl", "menu"):
+        out.brk(gap)
+        for i, child in enumerate(c for c in el if isinstance(c.tag, str)):
+            if tag != "dl" and child.tag == "li":
+                out.item(f"{i + 1}. " if tag == "ol" else "- ")
+                _write_children(child, out, in_pre=in_pre, gap=1)
+            else:  # dt and dd: their marks are in their text (``_prepare_html``)
+                out.brk(1)
+                _write_children(child, out, in_pre=in_pre, gap=1)
+        out.brk(gap)
+        return
+    if tag in _BLOCKS or tag in ("li", "dt", "dd"):
+        out.brk(gap)
+        _write_children(el, out, in_pre=in_pre, gap=gap)
+        out.brk(gap)
+        return
+    if tag in _EMPHASIS:
+        _write_marked(el, out, tag)
+    else:
+        _write_children(el, out, in_pre=in_pre, gap=gap)
+
+
+def _write_marked(el, out: _Writer, tag: str) -> None:
+    """Emphasis, strong text and inline code with their Markdown marks, on one line."""
+    mark = _EMPHASIS[tag]
+    inner = _inline(el, in_pre=True)
+    if not inner:
+        return
+    text = el.text_content()
+    lead = " " if text[:1].isspace() else ""
+    trail = " " if text[-1:].isspace() else ""
+    out.text(f"{lead}{mark}{inner}{mark}{trail}")
+
+
+def _write_table(table, out: _Writer) -> None:
+    """A table as Markdown rows, its caption a paragraph before it; a cell on one line."""
+    caption = table.find("caption")
+    if caption is not None:
+        out.brk(2)
+        out.text(_inline(caption))
+    rows = [[_inline(c).replace("|", "\\|") for c in tr.xpath("./th|./td")]
+            for tr in table.iter("tr") if next(tr.iterancestors("table")) is table]
+    rows = [r for r in rows if any(r)]
+    if not rows:
+        return
+    out.brk(2)
+    lines = ["| " + " | ".join(rows[0]) + " |"]
+    if len(rows) > 1:
+        lines.append("|" + "---|" * len(rows[0]))
+    lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
+    out.text("\n".join(lines))
+    out.brk(2)
 
 
 def _one_line(text: str | None) -> str | None:
@@ -491,18 +608,6 @@ def _definitions(text: str) -> str:
 def _html_title(html: str) -> str | None:
     m = _TITLE.search(html)
     return _tidy(m.group(1)) if m else None
-
-
-def _full_text(html: str) -> str:
-    try:
-        import lxml.html
-
-        tree = lxml.html.fromstring(html)
-    except Exception:
-        return ""
-    for bad in tree.xpath("//script|//style|//noscript|//template"):
-        bad.drop_tree()
-    return tree.text_content()
 
 
 def extract_pdf(data: bytes, *, url: str | None = None, file_name: str | None = None,
