@@ -117,3 +117,36 @@ def test_a_page_keeps_its_content_in_document_order_without_chrome():
     assert [text.index(t) for t in order] == sorted(text.index(t) for t in order), text
     for chrome in ("Home", "Other page", "Widgets Inc."):
         assert chrome not in text, text
+
+
+def _titled(head: str, body: str, chrome: str = "") -> str:
+    return (f"<html><head>{head}</head><body>{chrome}<div class='body' role='main'>{body}"
+            "<p>Some text about how the things of this page are set up.</p></div></body></html>")
+
+
+def test_a_title_that_only_names_the_site_gives_way_to_the_page_own_heading():
+    """Sphinx sites title pages with the site's name alone ("<Project> <version>
+    documentation"), in ``<title>`` or the social-card title; every such page read as one."""
+    h1 = "<h1>Configuration</h1>"
+    cases = {
+        "the social card names the site": _titled(
+            "<meta property='og:title' content='KB Sample 2.1 documentation'>"
+            "<title>Configuration — KB Sample 2.1 documentation</title>", h1),
+        "the title names the site, with two h1": _titled(
+            "<title>KB Sample 2.1 documentation</title>",
+            h1 + "<p>First part.</p><h1>Second part</h1>"),
+        "the title is the home link's text": _titled(
+            "<title>KB Sample</title>", h1 + "<h1>Another</h1>",
+            "<div class='related'><a href='../index.html'>KB Sample</a></div>"),
+        "no h1, a site-name title": _titled("<title>KB Sample 2.1 documentation</title>",
+                                            "<h2>Configuration</h2>"),
+    }
+    titles = {case: extract_html(page).title for case, page in cases.items()}
+    assert titles == dict.fromkeys(cases, "Configuration")
+
+
+def test_a_page_specific_title_is_kept():
+    page = _titled("<title>Widgets — KB Sample 2.1 documentation</title>", "<h2>Sizes</h2>")
+    assert extract_html(page).title == "Widgets"
+    page = _titled("<title>KB Sample 2.1 documentation</title>", "<p>No heading at all.</p>")
+    assert extract_html(page).title == "KB Sample 2.1 documentation"

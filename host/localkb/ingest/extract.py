@@ -136,15 +136,17 @@ def extract_html(html: str | bytes, *, url: str | None = None, title: str | None
             meta = _title_metadata(html)
         except Exception:
             meta = None
-    text = _render(_main_content(tree)) if tree is not None else ""
+    content = _main_content(tree) if tree is not None else None
+    text = _render(content) if content is not None else ""
     if len(text.strip()) < 20 and tree is not None:
         text = _render(tree.find("body") if tree.find("body") is not None else tree)
     text = _code_blocks(text)
     text = _tidy(_definitions(text))
     if not text:
         raise InvalidDocument("no text could be extracted from the page")
-    page_title = title or _page_title(meta.title if meta and meta.title else None, declared) \
-        or _html_title(html)
+    page_title = title or _specific_title(
+        _page_title(meta.title if meta and meta.title else None, declared) or _html_title(html),
+        declared, _first_heading(content))
     lang = meta.language if meta and getattr(meta, "language", None) else None
     return Document(
         title=clean_title(page_title or url or "Untitled page")[:300],
@@ -222,6 +224,8 @@ class DeclaredTitles:
 
     title: str | None = None
     others: tuple[str, ...] = ()
+    #: What the page calls its site: ``og:site_name``, the text of its links home.
+    sites: tuple[str, ...] = ()
 
     def holds(self, guess: str) -> bool:
         low = clean_title(guess).casefold()
@@ -233,7 +237,42 @@ def _declared_titles(tree) -> DeclaredTitles:
     others = [_tidy(m.get("content") or "") for m in tree.xpath(
         "//meta[@property='og:title' or @name='og:title' or @name='twitter:title']")]
     others += [_tidy(h.text_content()) for h in tree.xpath("//h1")]
-    return DeclaredTitles(texts[0] if texts and texts[0] else None, tuple(t for t in others if t))
+    sites = [m.get("content") or "" for m in tree.xpath(
+        "//meta[@property='og:site_name' or @name='application-name']")]
+    for a in tree.xpath("//a[@href]"):
+        href = a.get("href").strip()
+        if not href or href.startswith("#"):
+            continue  # the page itself (Sphinx links the current page with ``href=""``)
+        home = re.sub(r"^(?:\.\./|\./)+", "", href.split("#")[0]) in ("", "/", "index.html")
+        if home or "home" in (a.get("rel") or "").split():
+            sites.append(a.text_content() or " ".join(i.get("alt") or "" for i in a.iter("img")))
+    return DeclaredTitles(texts[0] if texts and texts[0] else None, tuple(t for t in others if t),
+                          tuple(dict.fromkeys(s for s in map(_tidy, sites) if s)))
+
+
+#: A title that names a documentation site rather than a page ("KB Sample 2.1 documentation").
+_SITE_TITLE = re.compile(r"\b(?:documentation|docs)$", re.IGNORECASE)
+#: What separates a title's parts ("Settings — KB Sample 2.1 documentation", "A | B", "A - B").
+_TITLE_PARTS = re.compile(r"\s+(?:[—–|·»]|::|-)\s+")
+
+
+def _names_site(title: str, declared: DeclaredTitles) -> bool:
+    low = clean_title(title).casefold()
+    return bool(_SITE_TITLE.search(low)) or any(low == s.casefold() for s in declared.sites)
+
+
+def _specific_title(title: str | None, declared: DeclaredTitles, heading: str | None) -> str | None:
+    """A title that only names the site (as Sphinx titles many pages) gives way to the part of
+    the page's ``<title>`` that names the page, else to the page's first heading.
+
+    Decided from the page alone: a title shared by many pages of one knowledge base needs
+    the store to see (DESIGN.md).
+    """
+    if not title or not _names_site(title, declared):
+        return title
+    parts = [p for p in _TITLE_PARTS.split(declared.title or "") if p.strip()]
+    specific = [p for p in parts if not _names_site(p, declared)] if len(parts) > 1 else []
+    return specific[0] if specific else heading or title
 
 
 def _page_title(guess: str | None, declared: DeclaredTitles) -> str | None:
@@ -371,6 +410,15 @@ def _main_content(tree):
             return found[0]
     body = tree.find("body")
     return body if body is not None else tree
+
+
+def _first_heading(content) -> str | None:
+    """The content's first h1, else its first h2, else its first h3."""
+    for level in ("h1", "h2", "h3") if content is not None else ():
+        for head in content.iter(level):
+            if head.text_content().strip():
+                return clean_title(head.text_content())
+    return None
 
 
 class _Writer:
