@@ -1,4 +1,4 @@
-"""Turn bytes into text: HTML main text (trafilatura), PDF pages (pypdf), text and Markdown."""
+"""Turn bytes into text: a web page's whole content in page order, PDF pages (pypdf), text and Markdown."""
 
 from __future__ import annotations
 
