@@ -150,3 +150,16 @@ def test_a_page_specific_title_is_kept():
     assert extract_html(page).title == "Widgets"
     page = _titled("<title>KB Sample 2.1 documentation</title>", "<p>No heading at all.</p>")
     assert extract_html(page).title == "KB Sample 2.1 documentation"
+
+
+def test_a_deeply_nested_page_is_text_or_an_invalid_document_never_a_crash():
+    """Untrusted pages: 20,000 nested inline elements once overflowed the writer's recursion."""
+    from localkb.errors import InvalidDocument
+
+    for tag in ("em", "span", "div", "code"):
+        page = f"<html><body>{f'<{tag}>' * 20000}deep words{f'</{tag}>' * 20000}</body></html>"
+        try:
+            text = extract_html(page).text
+        except InvalidDocument:
+            continue
+        assert "deep words" in text, tag

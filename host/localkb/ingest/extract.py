@@ -459,7 +459,13 @@ class _Writer:
 
 def _render(root) -> str:
     out = _Writer()
-    _write(root, out, in_pre=False, gap=2)
+    try:
+        _write(root, out, in_pre=False, gap=2)
+    except RecursionError:  # nested deeper than the writer recurses: the words, without markup
+        words = " ".join(root.itertext())
+        for mark in (_TERM_MARK, _DESC_MARK, _CODE_MARK, _SYNOPSIS_MARK, _CODE_END):
+            words = words.replace(mark, " ")
+        return " ".join(words.split())
     return out.value()
 
 
