@@ -163,3 +163,14 @@ def test_a_deeply_nested_page_is_text_or_an_invalid_document_never_a_crash():
         except InvalidDocument:
             continue
         assert "deep words" in text, tag
+
+
+def test_break_opportunities_inside_a_name_are_not_text():
+    """PostgreSQL's SQL key words table writes ``ARRAY_&#8203;MAX_&#8203;CARDINALITY`` (a zero-width
+    space where a line may break); kept, the name was no longer one word to search for."""
+    page = ("<html><body><main><table><tr><th>Key Word</th><th>PostgreSQL</th></tr>"
+            "<tr><td><code>ARRAY_&#8203;MAX_&#8203;CARDINALITY</code></td><td>reserved</td></tr>"
+            "</table><p>An extra&shy;ordinary word joins&#8288;up.</p></main></body></html>")
+    text = extract_html(page).text
+    assert "`ARRAY_MAX_CARDINALITY`" in text, ascii(text)
+    assert "extraordinary" in text and "joinsup" in text, ascii(text)

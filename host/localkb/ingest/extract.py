@@ -79,6 +79,9 @@ _PERMALINK_WORDS = re.compile(r"permalink|permanent link|link to this|anchor|hea
                               re.IGNORECASE)
 #: A permalink mark left at the end of a title or heading (``Coroutines and Tasks¶``).
 _TRAILING_MARK = re.compile(r"[ \t]*[¶§🔗]+[ \t]*$", re.MULTILINE)
+#: Where a line may break or a word may be hyphenated, and nothing shows (zero-width space,
+#: soft hyphen, word joiner, BOM): DocBook writes ``ARRAY_&#8203;MAX_&#8203;CARDINALITY``.
+_INVISIBLE = re.compile("[\u00ad\u200b\u2060\ufeff]")
 _XML_DECLARATION = re.compile(r"^\s*<\?xml[^>]*\?>")
 _SOURCE_BREAK = re.compile(r"[ \t\r\f]*\n\s*")
 #: Where a page's own line breaks are its text (CSS ``white-space: pre``), not source layout.
@@ -140,7 +143,7 @@ def extract_html(html: str | bytes, *, url: str | None = None, title: str | None
     text = _render(content) if content is not None else ""
     if len(text.strip()) < 20 and tree is not None:
         text = _render(tree.find("body") if tree.find("body") is not None else tree)
-    text = _code_blocks(text)
+    text = _code_blocks(_INVISIBLE.sub("", text))
     text = _tidy(_definitions(text))
     if not text:
         raise InvalidDocument("no text could be extracted from the page")
