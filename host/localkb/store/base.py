@@ -418,6 +418,11 @@ class KnowledgeStore(ABC):
 
     settings: Settings
     models: EmbedderRegistry
+    #: Whether the chat history this store is asked about was written on this machine. The local
+    #: store's is (the side panel's): text of unknown provenance is this device's own. A team
+    #: server's comes from its clients' machines: text it cannot trace to its own knowledge bases
+    #: is ``privacy.ELSEWHERE`` and reaches no model.
+    history_is_local: bool = True
 
     @abstractmethod
     def kbs(self) -> list[KBRecord]: ...

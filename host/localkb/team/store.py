@@ -232,6 +232,8 @@ def _record(row: dict) -> KBRecord:
 class TeamStore(KnowledgeStore):
     """The team database as one user sees it (``Access.system()``: the server's own view)."""
 
+    history_is_local = False  # a chat's history comes from the client's machine
+
     def __init__(self, db: Database, settings: Settings, access: Access, *,
                  models: EmbedderRegistry | None = None, write_level: int | None = None) -> None:
         self.db = db
