@@ -114,8 +114,9 @@ def test_team_chat_answers_with_citations_as_json_and_as_an_sse_stream_with_crlf
     team = make_team(sse_newline="\r\n")
     with team.client("alice") as alice:
         steps, tokens = [], []
+        by_event = {"step": steps, "token": tokens}
         result = alice.chat_stream([team.kb.id], QUESTION,
-                                   on_event=lambda n, d: {"step": steps, "token": tokens}.get(n, []).append(d))
+                                   on_event=lambda n, d: by_event.get(n, []).append(d))
         plain = alice.chat([team.kb.id], QUESTION, regenerate=True)
     assert result["answer"] == "Staff get 25 days of paid holiday a year [1]." == plain["answer"]
     assert result["generated"] and result["citations"][0]["title"] == HOLIDAY[0]
