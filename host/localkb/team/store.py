@@ -396,9 +396,12 @@ class TeamStore(KnowledgeStore):
         except Exception:  # noqa: S110 - a failure to log never hides the original error
             pass
 
-    def errors(self, *, source: str | None = None, kb_id: str | None = None, offset: int = 0,
+    def errors(self, *, source: str | None = None, kb: str | None = None, offset: int = 0,
                limit: int = 20) -> tuple[list[dict], int]:
+        """The error log, newest first; ``kb`` (an id or a name) is resolved only for an admin,
+        so nobody else learns from the refusal whether it exists."""
         require_admin(self.access)
+        kb_id = self.resolve(kb).id if kb else None
         with self.db.conn() as conn:
             where = "WHERE (%(s)s::text IS NULL OR source = %(s)s) AND (%(k)s::text IS NULL OR kb_id = %(k)s)"
             args = {"s": source, "k": kb_id, "o": offset, "l": limit}

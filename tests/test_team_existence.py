@@ -1,0 +1,122 @@
+"""What the team server reveals of what a caller may not see (issue 37): a real server on embedded
+PostgreSQL, its replies compared byte for byte (or field for field, ids and times aside).
+
+- A knowledge base the caller is not granted answers exactly as one that does not exist, on
+  every route that takes one, by name and by id.
+- A writer's add at the URL of a source above their clearance makes a source of their own:
+  their replies are those of a knowledge base without the hidden source, which is untouched.
+- The query log shows past citations through the caller's current access: a source they can
+  no longer see is a redacted citation, not its title and URL.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import httpx
+import pytest
+
+from fakellm import FakeLLM
+from localkb.answer.llm import Endpoint
+from localkb.team.chat import ChatConfig
+from localkb.team.client import TeamClient
+from localkb.team.server import TeamAPI
+from test_team import _start, seed_acme
+
+
+@pytest.fixture
+def team(team_db, settings):
+    """The acme team of ``test_team`` (alice internal reader, bob secret writer, root admin),
+    with a fake model so chat turns generate and cite."""
+    with FakeLLM(reply_fn=_answer) as llm:
+        api = TeamAPI(team_db, settings, name="acme",
+                      chat=ChatConfig(endpoint=Endpoint("team", llm.base_url, "fake-model")))
+        httpd, _ = _start(api)
+        kb, tokens, holiday, salary = seed_acme(api, httpd.url)
+        yield SimpleNamespace(url=httpd.url, api=api, kb=kb, tokens=tokens, holiday=holiday,
+                              salary=salary, client=lambda user: TeamClient(httpd.url, tokens[user]))
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def _answer(request: dict) -> str:
+    text = request["messages"][-1]["content"]
+    if "95,000" in text:
+        return "The senior band is 95,000 to 120,000 EUR [1]."
+    if "25 days" in text:
+        return "Staff get 25 days of paid holiday a year [1]."
+    return "I don't know from these documents."
+
+
+def _raw(team, user: str, method: str, path: str, **kw) -> tuple[int, bytes]:
+    with httpx.Client(base_url=team.url, trust_env=False) as http:
+        resp = http.request(method, path, headers={"Authorization": f"Bearer {team.tokens[user]}"}, **kw)
+    return resp.status_code, resp.content
+
+
+# -- item 2: "not granted" reads exactly as "does not exist" ------------------------------------------
+def _kb_probes(ref: str, sid: str, handbook: str) -> list[tuple[str, str, dict]]:
+    """Every route that takes a knowledge base (in its path, body or query), with ``ref`` as it."""
+    from urllib.parse import quote
+
+    seg = quote(ref, safe="")
+    page = {"url": "https://intranet/vault/new", "title": "New", "text": "A new page about holidays."}
+    return [
+        ("GET", f"/v1/kbs/{seg}/sources", {}),
+        ("POST", f"/v1/kbs/{seg}/sources", {"json": page}),
+        ("POST", f"/v1/kbs/{seg}/sources", {"json": {**page, "access": "public"}}),
+        ("PATCH", f"/v1/kbs/{seg}/sources/{sid}", {"json": {"access": "public"}}),
+        ("DELETE", f"/v1/kbs/{seg}/sources/{sid}", {}),
+        ("GET", f"/v1/kbs/{seg}/passages", {"params": {"source": sid, "index": 0, "radius": 1}}),
+        ("GET", f"/v1/kbs/{seg}/export", {}),
+        ("PATCH", f"/v1/kbs/{seg}", {"json": {"name": "Renamed"}}),
+        ("DELETE", f"/v1/kbs/{seg}", {}),
+        ("POST", "/v1/search", {"json": {"kbs": [ref], "query": "vault combination"}}),
+        ("POST", "/v1/search", {"json": {"kbs": [handbook, ref], "query": "vault combination"}}),
+        ("POST", "/v1/chat", {"json": {"kbs": [ref], "message": "What is the vault combination?"}}),
+        ("POST", "/v1/chat", {"json": {"kbs": [ref], "message": "What is the vault combination?",
+                                       "stream": True}}),
+        ("GET", "/v1/errors", {"params": {"kb": ref}}),
+        ("POST", "/v1/import", {"params": {"name": ref}, "content": b"\x1f\x8b not an archive"}),
+    ]
+
+
+#: Routes whose knowledge base travels in the body or the query rather than the path.
+_KB_IN_BODY = {("POST", ("v1", "search")), ("POST", ("v1", "chat")), ("GET", ("v1", "errors")),
+               ("POST", ("v1", "import"))}
+
+
+def _matches(pattern: tuple[str, ...], path: str) -> bool:
+    parts = path.strip("/").split("/")
+    return len(parts) == len(pattern) and all(p in ("*", q) for p, q in zip(pattern, parts, strict=True))
+
+
+def test_a_knowledge_base_not_granted_reads_byte_for_byte_as_one_that_does_not_exist(team):
+    """Before: ``GET /v1/errors?kb=`` resolved the name before the admin check, so a reader got
+    403 for a knowledge base that exists and 404 for one that does not."""
+    from localkb.ingest.extract import extract_text
+    from localkb.ingest.pipeline import add_document
+
+    vault = team.api.system.create_kb("Vault", default_access=0)
+    rep = add_document(team.api.system.open_kb("Vault"), extract_text(
+        "The vault combination is 31-7-42.", title="Vault"), key="url:https://intranet/vault")
+    probes = {ref: _kb_probes(ref, rep.source_id, team.kb.id) for ref in ("Vault", vault.id)}
+    # every route that takes a knowledge base is probed (a new one must join the list)
+    missing = [(m, p) for m, p, _fn, _auth in team.api.routes
+               if (p[:3] == ("v1", "kbs", "*") or (m, p) in _KB_IN_BODY)
+               and not any(pm == m and _matches(p, path) for pm, path, _ in probes["Vault"])]
+    assert missing == []
+
+    users = ("alice", "bob")  # a reader and a writer, neither granted Vault
+    before = {(u, ref, n): _raw(team, u, m, p, **kw)
+              for u in users for ref, ps in probes.items() for n, (m, p, kw) in enumerate(ps)}
+    team.api.system.delete_kb(vault.id)  # the same names and ids, now of nothing
+    after = {(u, ref, n): _raw(team, u, m, p, **kw)
+             for u in users for ref, ps in probes.items() for n, (m, p, kw) in enumerate(ps)}
+    differ = [(key, probes[key[1]][key[2]][:2], before[key], after[key])
+              for key in before if before[key] != after[key]]
+    assert differ == [], "\n".join(f"{k} {m} {p}: {b[0]} {b[1][:160]!r} != {a[0]} {a[1][:160]!r}"
+                                   for k, (m, p), b, a in differ)
+    statuses = {b[0] for b in before.values()}
+    assert statuses <= {200, 403, 404}, statuses  # 200: a stream whose error event says so
+    assert 404 in statuses and len(before) == 2 * 2 * len(probes["Vault"])
