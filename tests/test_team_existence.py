@@ -11,6 +11,7 @@ PostgreSQL, its replies compared byte for byte (or field for field, ids and time
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import httpx
@@ -21,7 +22,7 @@ from localkb.answer.llm import Endpoint
 from localkb.team.chat import ChatConfig
 from localkb.team.client import TeamClient
 from localkb.team.server import TeamAPI
-from test_team import _start, seed_acme
+from test_team import HOLIDAY, _start, seed_acme
 
 
 @pytest.fixture
@@ -41,6 +42,8 @@ def team(team_db, settings):
 
 def _answer(request: dict) -> str:
     text = request["messages"][-1]["content"]
+    if "Berlin" in text:
+        return "The platform team moves to Berlin [1]."
     if "95,000" in text:
         return "The senior band is 95,000 to 120,000 EUR [1]."
     if "25 days" in text:
@@ -120,3 +123,57 @@ def test_a_knowledge_base_not_granted_reads_byte_for_byte_as_one_that_does_not_e
     statuses = {b[0] for b in before.values()}
     assert statuses <= {200, 403, 404}, statuses  # 200: a stream whose error event says so
     assert 404 in statuses and len(before) == 2 * 2 * len(probes["Vault"])
+
+
+# -- item 8: the query log seen through the caller's access as it is now ------------------------------
+REORG = ("Reorg plan 2027", "The platform team moves to Berlin in May 2027 and the Lisbon office "
+         "closes. Code name ORCA.", "https://intranet/reorg")
+
+
+def test_a_lowered_clearance_hides_the_titles_and_urls_past_answers_cited_in_the_query_log(team, tmp_path):
+    """Before: carol's log still named the confidential source and its URL after her role was
+    lowered to internal."""
+    from localkb.retrieval.search import Reranker
+    from test_team_chat import build_cross_encoder
+
+    d = team.api.directory
+    d.add_role("leads", "confidential")
+    d.add_user("carol", roles=["leads"])
+    d.grant("leads", team.kb.id)
+    team.tokens["carol"] = d.create_token("carol")["token"]
+    with team.client("bob") as bob:
+        bob.add(team.kb.id, title=REORG[0], text=REORG[1], url=REORG[2], access="confidential")
+    team.api.reranker = Reranker(build_cross_encoder(tmp_path / "ce", ["reorg", "berlin"]))
+    with team.client("carol") as carol:
+        reorg = carol.chat([team.kb.id], "Where does the platform team move in the reorg?")
+        holiday = carol.chat([team.kb.id], "How many days of paid holiday do staff get?")
+    assert reorg["citations"][0]["title"] == REORG[0] and "Berlin" in reorg["answer"]
+    assert holiday["citations"][0]["title"] == HOLIDAY[0]
+
+    def logged() -> dict[str, str]:
+        with team.client("carol") as carol:
+            return {"list": json.dumps(carol.querylog(), ensure_ascii=False),
+                    "jsonl": carol.querylog_export("jsonl").decode(),
+                    "csv": carol.querylog_export("csv").decode()}
+
+    assert all(REORG[0] in text and REORG[2] in text for text in logged().values())
+    d.set_clearance("leads", "internal")
+    now = logged()
+    for form, text in now.items():
+        for secret in (REORG[0], REORG[2], "Berlin", "ORCA"):
+            assert secret not in text, (form, secret)
+        assert HOLIDAY[0] in text and "https://intranet/holiday" in text, form  # still visible to her
+        assert "[a source you can no longer see]" in text, form
+    rows = {r["query"]: r for r in json.loads(now["list"])["queries"]}
+    hidden = rows["Where does the platform team move in the reorg?"]
+    assert hidden["citations"][0] == {"n": 1, "kb": None, "kb_name": None,
+                                      "title": "[a source you can no longer see]", "url": None,
+                                      "chunk_index": None, "chunk_id": None, "page": None,
+                                      "redacted": True}
+    assert all(e["title"] != REORG[0] for e in hidden["rerank"][team.kb.id]["order"])
+    # the administrator's log is the record as written
+    with team.client("root") as root:
+        assert REORG[0] in json.dumps(root.querylog(user="carol"), ensure_ascii=False)
+    # and what she may see again shows again
+    d.set_clearance("leads", "confidential")
+    assert all(REORG[0] in text for text in logged().values())
