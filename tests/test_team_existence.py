@@ -12,6 +12,7 @@ PostgreSQL, its replies compared byte for byte (or field for field, ids and time
 from __future__ import annotations
 
 import json
+import re
 from types import SimpleNamespace
 
 import httpx
@@ -22,7 +23,7 @@ from localkb.answer.llm import Endpoint
 from localkb.team.chat import ChatConfig
 from localkb.team.client import TeamClient
 from localkb.team.server import TeamAPI
-from test_team import HOLIDAY, _start, seed_acme
+from test_team import HOLIDAY, SALARY, _start, seed_acme
 
 
 @pytest.fixture
@@ -177,3 +178,131 @@ def test_a_lowered_clearance_hides_the_titles_and_urls_past_answers_cited_in_the
     # and what she may see again shows again
     d.set_clearance("leads", "confidential")
     assert all(REORG[0] in text for text in logged().values())
+
+
+# -- item 3: a writer's add never reveals (or touches) a source above their clearance -------------------
+SECRET_URL = "https://intranet/salaries"
+_IDS = re.compile(r"\b(tkb_[0-9a-f]{12}|s[0-9a-f]{23}|[0-9a-f]{32})\b")
+#: Times and the knowledge base's write counter (see the report: it counts every write).
+_VARYING = re.compile(r"(^|_)(ms|s|at|created|elapsed|timings|generation)$")
+
+
+def _normal(value, ids: dict[str, str], name: str):
+    """A reply with its times dropped, its ids numbered by first appearance, its KB's name fixed."""
+    if isinstance(value, dict):
+        return {_normal(k, ids, name): _normal(v, ids, name) for k, v in value.items()
+                if not _VARYING.search(k)}
+    if isinstance(value, list):
+        return [_normal(v, ids, name) for v in value]
+    if isinstance(value, str):
+        value = value.replace(name, "<kb>")
+        return _IDS.sub(lambda m: ids.setdefault(m.group(0), f"<id{len(ids)}>"), value)
+    return value
+
+
+def _paths(a, b, at: str = "") -> list[str]:
+    """Where two replies differ: each differing leaf as ``path: a != b``."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [p for k in sorted(set(a) | set(b), key=str)
+                for p in _paths(a.get(k, "<missing>"), b.get(k, "<missing>"), f"{at}.{k}")]
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple) and len(a) == len(b):
+        return [p for n, (x, y) in enumerate(zip(a, b, strict=True)) for p in _paths(x, y, f"{at}[{n}]")]
+    return [] if a == b else [f"{at}: {a!r:.120} != {b!r:.120}"]
+
+
+def _writer_probes(team, user: str, kb) -> list[tuple[int, object]]:
+    """One writer's sequence at ``SECRET_URL``: add, re-add, list, search, read, export, relevel,
+    delete; each reply as (status, normalised JSON)."""
+    from urllib.parse import quote
+
+    ids: dict[str, str] = {}
+    out: list[tuple[int, object]] = []
+
+    def call(method: str, path: str, **kw) -> dict:
+        status, body = _raw(team, user, method, path, **kw)
+        data = json.loads(body) if not path.endswith("/export") or status != 200 else {}
+        out.append((status, _normal(data, ids, kb.name)))
+        return data
+
+    page = {"url": SECRET_URL, "title": "Salary questions",
+            "text": "Ask HR about the salary bands; they answer within a week."}
+    src = f"/v1/kbs/{kb.id}/sources"
+    first = call("POST", src, json=page)
+    call("POST", src, json=page)
+    call("POST", src, json={**page, "text": page["text"] + " Bands are reviewed every March."})
+    call("POST", src, json={**page, "text": page["text"] + " Bands are reviewed every March.",
+                            "access": "public"})
+    call("GET", src)
+    call("POST", "/v1/search", json={"kbs": [kb.id], "query": "senior engineer salary band",
+                                     "include_weaker": True})
+    call("POST", "/v1/search", json={"kbs": [kb.id], "query": "SB-2027", "mode": "keyword"})
+    call("GET", f"/v1/kbs/{kb.id}/passages",
+         params={"source": (first.get("result") or {}).get("source_id", "-"), "index": 0, "radius": 1})
+    with httpx.Client(base_url=team.url, trust_env=False) as http:
+        resp = http.get(f"/v1/kbs/{kb.id}/export", headers={
+            "Authorization": f"Bearer {team.tokens[user]}"})
+    out.append((resp.status_code, (resp.headers.get("x-localkb-sources"),
+                                   resp.headers.get("x-localkb-chunks"))))
+    listing = call("GET", "/v1/kbs")
+    out[-1] = (out[-1][0], [k for k in out[-1][1]["result"]["knowledge_bases"] if k["id"] == "<kb>"
+                            or k["name"] == "<kb>"])
+    assert listing["ok"]
+    call("PATCH", f"{src}/{quote(SECRET_URL, safe='')}", json={"access": "internal"})
+    call("POST", src, json={**page, "access": "secret"})  # above her clearance: refused either way
+    call("DELETE", f"{src}/{quote(SECRET_URL, safe='')}")
+    call("DELETE", f"{src}/{quote(SECRET_URL, safe='')}")
+    call("GET", src)
+    call("POST", src, json=page)
+    return out
+
+
+def test_a_writers_add_at_a_hidden_sources_url_reveals_nothing_and_changes_nothing(team, team_db):
+    """Before: dana's add at the URL of a secret source was refused with 403 "above your
+    clearance", where the same add in a knowledge base without it was stored (200)."""
+    d = team.api.directory
+    one = team.api.system.create_kb("WikiOne", default_access=1)
+    two = team.api.system.create_kb("WikiTwo", default_access=1)
+    d.add_role("editors", "internal")
+    d.add_user("dana", roles=["editors"])
+    team.tokens["dana"] = d.create_token("dana")["token"]
+    for kb in (one, two):
+        d.grant("editors", kb.id, write=True)
+        d.grant("execs", kb.id, write=True)
+    with team.client("bob") as bob:
+        for kb in (one, two):
+            bob.add(kb.id, title=HOLIDAY[0], text=HOLIDAY[1], url="https://intranet/holiday")
+        secret = bob.add(one.id, title=SALARY[0], text=SALARY[1], url=SECRET_URL, access="secret")
+
+    def stored(sid: str) -> tuple:
+        with team_db.conn() as conn:
+            src = conn.execute("SELECT * FROM sources WHERE id = %s", (sid,)).fetchone()
+            chunks = conn.execute("SELECT id, text, text_hash, access_level, embedding::text AS e "
+                                  "FROM chunks WHERE source_id = %s ORDER BY idx", (sid,)).fetchall()
+        return src, chunks
+
+    was = stored(secret["source_id"])
+    with_hidden = _writer_probes(team, "dana", one)
+    without = _writer_probes(team, "dana", two)
+    assert len(with_hidden) == len(without) == 16  # the probes compared
+    differ = [(n, a, b) for n, (a, b) in enumerate(zip(with_hidden, without, strict=True)) if a != b]
+    assert differ == [], "\n".join(f"probe {n}: {'; '.join(_paths(a, b))[:600]}" for n, a, b in differ)
+    assert [s for s, _ in with_hidden].count(200) == 14  # all but the secret add and the second delete
+    # the hidden source is exactly as it was: row, passages, vectors
+    assert stored(secret["source_id"]) == was
+    # someone who sees both sees two sources at that URL, each with its level and author ...
+    with team.client("bob") as bob:
+        rows = [(r["title"], r["access"], r["added_by"]) for r in bob.sources(one.id)["sources"]
+                if r["url"] == SECRET_URL]
+        assert sorted(rows) == [(SALARY[0], "secret", "bob"), ("Salary questions", "internal", "dana")]
+        # ... and their own add at it still reaches their own source
+        again = bob.add(one.id, title=SALARY[0], text=SALARY[1], url=SECRET_URL)
+        assert again["status"] == "unchanged" and again["source_id"] == secret["source_id"]
+        hits = bob.search([one.id], "senior engineer salary band", k=3)["hits"]
+        assert hits[0]["title"] == SALARY[0]
+    # an export holds both (the later one's key made unique), so the file imports whole
+    with team.client("root") as root:
+        body, head = root.export(one.id)
+        copy = root.import_(body, name="WikiCopy", access="secret")
+        urls = [r["url"] for r in root.sources(copy["knowledge_base"]["id"])["sources"]]
+    assert head["x-localkb-sources"] == "3" and copy["chunks"] == 3
+    assert sorted(urls) == ["https://intranet/holiday", SECRET_URL, SECRET_URL]
