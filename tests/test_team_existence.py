@@ -306,3 +306,23 @@ def test_a_writers_add_at_a_hidden_sources_url_reveals_nothing_and_changes_nothi
         urls = [r["url"] for r in root.sources(copy["knowledge_base"]["id"])["sources"]]
     assert head["x-localkb-sources"] == "3" and copy["chunks"] == 3
     assert sorted(urls) == ["https://intranet/holiday", SECRET_URL, SECRET_URL]
+
+
+def test_a_writers_own_source_raised_above_them_is_not_reached_by_their_next_add(team):
+    d = team.api.directory
+    d.add_role("editors", "internal")
+    d.set_user_roles("alice", add=["editors"])
+    d.grant("editors", team.kb.id, write=True)
+    page = {"url": "https://intranet/plans", "title": "Plans", "text": "The plan is to grow."}
+    with team.client("alice") as alice, team.client("bob") as bob:
+        first = alice.add(team.kb.id, **page)
+        bob.set_access(team.kb.id, first["source_id"], "secret")
+        second = alice.add(team.kb.id, **{**page, "text": "The plan is to shrink."})
+        again = alice.add(team.kb.id, **{**page, "text": "The plan is to shrink."})
+        rows = {r["id"]: (r["access"], r["title"]) for r in bob.sources(team.kb.id)["sources"]
+                if r["url"] == page["url"]}
+        raised = bob.passages(team.kb.id, first["source_id"], 0, 0)
+    assert second["status"] == "added" and second["source_id"] != first["source_id"]
+    assert again["status"] == "unchanged" and again["source_id"] == second["source_id"]
+    assert rows == {first["source_id"]: ("secret", "Plans"), second["source_id"]: ("internal", "Plans")}
+    assert [p["text"] for p in raised] == ["The plan is to grow."]  # the raised one is untouched
