@@ -24,6 +24,7 @@ from localkb.team.chat import ChatConfig
 from localkb.team.client import TeamClient
 from localkb.team.server import TeamAPI
 from test_team import HOLIDAY, SALARY, _start, seed_acme
+from test_team_chat import _answer as chat_answer
 
 
 @pytest.fixture
@@ -42,14 +43,10 @@ def team(team_db, settings):
 
 
 def _answer(request: dict) -> str:
-    text = request["messages"][-1]["content"]
-    if "Berlin" in text:
+    """``test_team_chat``'s model, which also answers from the reorg plan (citing it)."""
+    if "Berlin" in request["messages"][-1]["content"]:
         return "The platform team moves to Berlin [1]."
-    if "95,000" in text:
-        return "The senior band is 95,000 to 120,000 EUR [1]."
-    if "25 days" in text:
-        return "Staff get 25 days of paid holiday a year [1]."
-    return "I don't know from these documents."
+    return chat_answer(request)
 
 
 def _raw(team, user: str, method: str, path: str, **kw) -> tuple[int, bytes]:
