@@ -284,6 +284,13 @@ class KnowledgeBaseHandle(ABC):
     def item_locks(self) -> ItemLocks:
         """A fresh set of per-source locks for one job."""
 
+    def source_id_for(self, key: str) -> str:
+        """The id of the source an add at ``key`` writes: one source per key here; the team
+        store picks among the sources the writer may see (``TeamKnowledgeBase``)."""
+        from localkb.store.catalog import source_id
+
+        return source_id(self.id, key)
+
     @abstractmethod
     def source_state(self, sid: str) -> tuple[str, int] | None:
         """(content hash, chunk count) of a stored source, or None."""

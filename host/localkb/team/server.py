@@ -354,9 +354,8 @@ class TeamAPI:
         return {**report.to_dict(), "access": LEVELS[level]}
 
     def errors(self, req: Request) -> dict:
-        kb = req.arg("kb", max_len=200)
         rows, total = self.store(req).errors(
-            source=req.arg("source", max_len=40), kb_id=self.system.resolve(kb).id if kb else None,
+            source=req.arg("source", max_len=40), kb=req.arg("kb", max_len=200) or None,
             offset=req.int_arg("offset", 0, lo=0, hi=10**9), limit=req.int_arg("limit", 20, lo=1, hi=200))
         return {"errors": rows, "total": total}
 
