@@ -10,14 +10,20 @@ real HTTP on loopback, a loopback model.
 from __future__ import annotations
 
 import csv
+import http.client
 import io
 import json
+from urllib.parse import urlsplit
 
 import pytest
 
+from conftest import run_cli
 from localkb.errors import GuardrailBlocked
+from localkb.team.client import TeamClient
 from localkb.team.guard import Policy
 from localkb.team.limits import Caps
+from localkb.team.server import TeamAPI
+from test_team import ServerProcess, _start
 from test_team_chat import QUESTION, _make
 
 
@@ -140,3 +146,94 @@ def test_a_deny_listed_phrase_in_an_earlier_assistant_turn_never_reaches_the_mod
         assert team.llm.requests == []
         ok = [{"role": "user", "content": "Holiday?"}, {"role": "assistant", "content": "25 days [1]."}]
         assert alice.chat([team.kb.id], QUESTION, history=ok)["generated"]
+
+
+# -- item 9: the Host header (DNS rebinding) --------------------------------------------------------
+def _raw(url: str, method: str, path: str, host: str | None, *, body: bytes | None = None,
+         headers: dict | None = None) -> tuple[int, dict]:
+    """One request with exactly this Host header, over a plain socket (no client fills it in)."""
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    try:
+        conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
+        if host is not None:
+            conn.putheader("Host", host)
+        for k, v in (headers or {}).items():
+            conn.putheader(k, v)
+        if body is not None:
+            conn.putheader("Content-Type", "application/json")
+            conn.putheader("Content-Length", str(len(body)))
+        conn.endheaders(body)
+        resp = conn.getresponse()
+        raw = resp.read()
+        ctype = resp.getheader("Content-Type") or ""
+        return resp.status, json.loads(raw) if ctype.startswith("application/json") else {}
+    finally:
+        conn.close()
+
+
+def test_a_request_for_another_host_name_is_refused_before_routing(make_team):
+    team = make_team()
+    port = urlsplit(team.url).port
+    chat = json.dumps({"kbs": [team.kb.id], "message": QUESTION}).encode()
+    auth = {"Authorization": f"Bearer {team.tokens['alice']}"}
+    for host in ("evil.example", f"evil.example:{port}", "localhost.evil.example", "127.0.0.1.nip.io",
+                 f"127.0.0.1:{port}@evil.example", "", None):
+        for method, path, body in (("GET", "/v1/health", None), ("GET", "/pipeline", None),
+                                   ("POST", "/v1/chat", chat), ("GET", "/v1/nowhere", None)):
+            status, reply = _raw(team.url, method, path, host, body=body, headers=auth)
+            assert status == 421, f"Host {host!r}: {method} {path} answered {status}"
+            assert reply["error"]["code"] == "host_not_allowed", reply
+    assert team.llm.requests == []
+    for host in ("localhost", f"localhost:{port}", "LOCALHOST.", f"127.0.0.1:{port}", "127.0.0.1",
+                 f"[::1]:{port}", "[::1]"):
+        status, reply = _raw(team.url, "GET", "/v1/health", host)
+        assert status == 200 and reply["result"]["server"] == "localkb-team", (host, status, reply)
+        assert _raw(team.url, "GET", "/pipeline", host)[0] == 200
+    status, reply = _raw(team.url, "POST", "/v1/chat", f"localhost:{port}", body=chat, headers=auth)
+    assert status == 200 and reply["result"]["generated"], reply
+    # the host's own client (attach, search, chat relay) names the server as it was given
+    with TeamClient(team.url, team.tokens["alice"]) as alice:
+        assert alice.chat([team.kb.id], QUESTION, regenerate=True)["generated"]
+
+
+def test_a_state_changing_request_from_a_foreign_page_is_refused(make_team):
+    team = make_team()
+    port = urlsplit(team.url).port
+    chat = json.dumps({"kbs": [team.kb.id], "message": QUESTION}).encode()
+    auth = {"Authorization": f"Bearer {team.tokens['alice']}"}
+    host = f"127.0.0.1:{port}"
+    status, reply = _raw(team.url, "POST", "/v1/chat", host, body=chat,
+                         headers={**auth, "Origin": "http://evil.example"})
+    assert status == 403 and reply["error"]["code"] == "origin_not_allowed", reply
+    status, reply = _raw(team.url, "POST", "/v1/chat", host, body=chat,
+                         headers={**auth, "Origin": f"http://127.0.0.1:{port}"})
+    assert status == 200, reply  # the pipeline page's own origin
+
+
+def test_allowed_host_names_a_real_server_name(team_db, team_db_url, settings, tmp_path):
+    api = TeamAPI(team_db, settings, name="acme", allowed_hosts=("team.example",))
+    httpd, _ = _start(api)
+    try:
+        assert _raw(httpd.url, "GET", "/v1/health", "team.example:443")[0] == 200
+        assert _raw(httpd.url, "GET", "/v1/health", "Team.Example")[0] == 200
+        assert _raw(httpd.url, "GET", "/v1/health", "localhost")[0] == 200
+        assert _raw(httpd.url, "GET", "/v1/health", "evil.example")[0] == 421
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    # the same through the CLI: ``localkb team serve --allowed-host NAME``; a bad name refused
+    res = run_cli(["team", "serve", "--db", team_db_url, "--port", "0", "--allowed-host", "evil/x"],
+                  tmp_path / "bad")
+    assert res.returncode != 0 and "is not a host name" in res.stderr, res.stderr
+    server = ServerProcess(["--db", team_db_url, "--allowed-host", "team.example",
+                            "--allowed-host", "kb.team.example"], tmp_path / "srv")
+    try:
+        port = urlsplit(server.url).port
+        for host in (f"team.example:{port}", "kb.team.example", f"localhost:{port}"):
+            status, reply = _raw(server.url, "GET", "/v1/health", host)
+            assert status == 200 and reply["result"]["name"] == "team", (host, reply)
+        status, reply = _raw(server.url, "GET", "/pipeline", "evil.example")
+        assert status == 421 and reply["error"]["code"] == "host_not_allowed"
+    finally:
+        server.stop()
