@@ -7,34 +7,37 @@ accent); combining marks (``M*``) and format characters (``Cf``: zero-width spac
 joiners, soft hyphen, word joiner, byte-order mark, tags) dropped; look-alike letters mapped
 to the Latin letter they pass for; case folded; NFKC again.
 
-The look-alike table is a compact subset of Unicode TR39's ``confusables.txt`` (the
-prototypes of its MA table): the Cyrillic, Greek, Armenian and Latin-extension letters that
-render like a basic Latin letter in common fonts. Letters that look like another Latin
-letter (``l`` and ``I``, ``rn`` and ``m``) and digits are left alone: folding them would
-refuse ordinary text.
+The look-alike table is Unicode TR39's ``confusables.txt`` (Unicode 14.0) cut down to
+what a deny list needs: every Latin, Greek, Cyrillic or Armenian letter that NFKD leaves
+as it is and that TR39 maps to one basic Latin letter (an upper-case one that TR39 maps to
+``l`` maps to ``I`` here, since case is folded after). Basic Latin letters that look like
+each other (``l`` and ``I``, ``rn`` and ``m``) and digits are left alone: folding them
+would refuse ordinary text.
 """
 
 from __future__ import annotations
 
 import unicodedata
 
-_LOOK_ALIKES = {
-    # Cyrillic
-    "а": "a", "е": "e", "о": "o", "р": "p", "с": "c", "у": "y", "х": "x", "ѕ": "s", "і": "i",
-    "ј": "j", "һ": "h", "ԁ": "d", "ԛ": "q", "ԝ": "w", "ү": "y", "ӏ": "l",
-    "А": "A", "В": "B", "Е": "E", "К": "K", "М": "M", "Н": "H", "О": "O", "Р": "P", "С": "C",
-    "Т": "T", "У": "Y", "Х": "X", "Ѕ": "S", "І": "I", "Ј": "J", "Ԛ": "Q", "Ԝ": "W", "Ү": "Y",
-    "Һ": "H", "Ӏ": "l",
-    # Greek
-    "α": "a", "ο": "o", "ρ": "p", "ν": "v", "υ": "u", "ι": "i", "γ": "y", "η": "n", "ϲ": "c",
-    "ϳ": "j", "Α": "A", "Β": "B", "Ε": "E", "Ζ": "Z", "Η": "H", "Ι": "I", "Κ": "K", "Μ": "M",
-    "Ν": "N", "Ο": "O", "Ρ": "P", "Τ": "T", "Υ": "Y", "Χ": "X", "Ϲ": "C", "Ϳ": "J",
-    # Armenian
-    "օ": "o", "ս": "u", "հ": "h", "ո": "n", "ց": "g",
-    # Latin letters outside ASCII that pass for ASCII ones
-    "ı": "i", "ȷ": "j", "ɑ": "a", "ɡ": "g", "ɩ": "i", "ʏ": "y",
-}
-_TABLE = str.maketrans(_LOOK_ALIKES)
+_FROM = "".join((
+    "ÐØøĐđĦħıŁłŦŧƀƂƃƄƉƌƍƑƒƖƗƙƚƝƞƟƥƦƭƮƴƵƶƽ",
+    "ǀǤǥȤȥȼȾɄɆɇɈɉɍɎɏɑɓɖɗɠɡɣɦɨɩɪɫɭɯɳɵɼɽʂʋʏ",
+    "ʐʠͿΑΒΕΖΗΘΙΚΜΝΟΡΤΥΧαγηθινορσυϜϳϺЅІЈАБ",
+    "ВЕКМНОРСТУХЬагеорсухѕіјћѡѢѣѲѳѴѵѽҌҍғҚ",
+    "ҞҢҪҫҬҮүҰұҲһҽҿӀӇӉӍӏӨөԁԌԛԜԝՍՏՕագզհոռսց",
+    "քօᴄᴏᴑᴜᴠᴡᴢᴦᵮᵰᵲᵴᵵᵶᵻᵼᵽᵾᶃᶌẝỿⱧⱩꙇꚕꜱꝀꝊꝋꝡꞘꞙꞟ",
+    "ꞲꞳꞴꬲꬵꬽꬾꭇꭈꭎꭒꭚ𝈍𝈓𝈖𝈚𝈪",
+))
+_TO = "".join((
+    "DOoDdHhiLlTtbbbbDdgFfIIklNnOpRtTyZzs",
+    "lGgZzcTUEeJjrYyabddggyhiiillwnorrsuy",
+    "zqJABEZHOIKMNOPTYXaynOivopouFjMSIJAb",
+    "BEKMHOPCTYXbareopcyxsijhwbbOoVvwbbrK",
+    "KHCcTYyYyXheeIHHMiOodGqWwUSOwqqhnnug",
+    "focoouvwzrfnrstziipugyfyHKihsKOowFfu",
+    "JXBefoorruuyVFROL",
+))
+_TABLE = str.maketrans(_FROM, _TO)
 
 
 def fold(text: str) -> str:
@@ -42,4 +45,7 @@ def fold(text: str) -> str:
     decomposed = unicodedata.normalize("NFKD", text)
     kept = "".join(ch for ch in decomposed if unicodedata.category(ch)[0] != "M"
                    and unicodedata.category(ch) != "Cf")
-    return unicodedata.normalize("NFKC", kept.translate(_TABLE).casefold())
+    # Mapped before case folding (Cyrillic capital VE passes for B, its small letter for no
+    # Latin letter), and again after it (U+2C6D is not in the table, its lower case is).
+    folded = kept.translate(_TABLE).casefold().translate(_TABLE).casefold()
+    return unicodedata.normalize("NFKC", folded)
