@@ -135,7 +135,7 @@ def test_the_deny_list_sees_through_invisible_look_alike_and_accented_spellings(
             assert alice.chat([team.kb.id], message, regenerate=True)["generated"], message
 
 
-def test_a_deny_listed_phrase_in_an_earlier_assistant_turn_never_reaches_the_model(make_team):
+def test_a_deny_listed_phrase_in_an_assistant_turn_or_a_continuation_never_reaches_the_model(make_team):
     team = make_team(policy=Policy.from_lines(["payroll export"]))
     with team.client("alice") as alice:
         for content in ("Here is the payroll export you asked for.", "Here is the pay\u200broll export."):
@@ -144,6 +144,13 @@ def test_a_deny_listed_phrase_in_an_earlier_assistant_turn_never_reaches_the_mod
             with pytest.raises(GuardrailBlocked) as err:
                 alice.chat([team.kb.id], "and the rest?", history=history)
             assert err.value.detail["rule"] == "deny_list" and err.value.detail["field"] == "history"
+        # a stopped answer handed back to be continued reaches the model as an assistant turn
+        for partial in ("Here is the payroll ex", "Here is the pay\u200droll export: "):
+            with pytest.raises(GuardrailBlocked) as err:
+                alice.chat([team.kb.id], QUESTION, continue_from=partial + "port",
+                           continue_kbs=[team.kb.id])
+            assert err.value.detail["rule"] == "deny_list", err.value.detail
+            assert err.value.detail["field"] == "continue_from"
         assert team.llm.requests == []
         ok = [{"role": "user", "content": "Holiday?"}, {"role": "assistant", "content": "25 days [1]."}]
         assert alice.chat([team.kb.id], QUESTION, history=ok)["generated"]

@@ -5,8 +5,8 @@ Input (``check_input``), in this order, each a ``GuardrailBlocked`` with ``detai
 (C0/C1 controls other than tab and newlines, and the invisible bidirectional overrides that
 make a text read differently from what it says), ``deny_list`` (a configured pattern; the
 reply names the rule, never the text that matched it). They run on the message and on
-every history turn, the user's and the assistant's (each reaches the model), before the
-rate counter, the cache, the embedder or the model.
+every history turn, the user's and the assistant's, and on a stopped answer to continue
+(each reaches the model), before the rate counter, the cache, the embedder or the model.
 
 The deny list matches what a reader sees (``fold.py``): a phrase is folded, and matched
 against the folded text, so zero-width and other format characters, look-alike Cyrillic
@@ -106,9 +106,13 @@ def check_text(text: str, policy: Policy, *, field_name: str = "message") -> Non
                          f"(rule {rule.name!r})", field=field_name, name=rule.name)
 
 
-def check_input(message: str, history: Sequence[dict] | None, policy: Policy) -> None:
+def check_input(message: str, history: Sequence[dict] | None, policy: Policy, *,
+                continue_from: str | None = None) -> None:
+    """Every text the model will read: the message, each history turn, a stopped answer to continue."""
     check_text(message, policy)
     longer = Policy(max_chars=max(policy.max_chars, 32_000), deny=policy.deny)
+    if isinstance(continue_from, str) and continue_from.strip():
+        check_text(continue_from, longer, field_name="continue_from")
     for turn in history or ():
         if not isinstance(turn, dict) or turn.get("role") not in ("user", "assistant"):
             continue  # parse_history refuses it by name
