@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+import test_team_chat
 from conftest import run_cli
 from localkb.errors import GuardrailBlocked
 from localkb.team.client import TeamClient
@@ -24,23 +25,10 @@ from localkb.team.guard import Policy
 from localkb.team.limits import Caps
 from localkb.team.server import TeamAPI
 from test_team import ServerProcess, _start
-from test_team_chat import QUESTION, _make
+from test_team_chat import QUESTION
 
-
-@pytest.fixture
-def make_team(team_db, settings, tmp_path):
-    made = []
-
-    def make(**chat):
-        ns = _make(team_db, settings, tmp_path, **chat)
-        made.append(ns)
-        return ns
-
-    yield make
-    for ns in made:
-        ns.httpd.shutdown()
-        ns.httpd.server_close()
-        ns.llm.close()
+#: Team chat's fixture: a team server with a loopback model per call, closed after the test.
+make_team = test_team_chat.make_team
 
 
 # -- item 4: CSV formula injection ------------------------------------------------------------------
