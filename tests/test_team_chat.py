@@ -375,7 +375,8 @@ def test_every_query_is_logged_admins_list_and_export_users_see_their_own(team, 
         csv_text = root.querylog_export("csv").decode()
     assert everyone["total"] == 4 and {r["user"] for r in everyone["queries"]} == {"alice", "bob"}
     assert len(jsonl) == 4 and json.loads(jsonl[-1])["outcome"] == "refused"
-    assert csv_text.splitlines()[0].startswith("id,at,user,address") and len(csv_text.splitlines()) == 5
+    assert csv_text.splitlines()[0].startswith('"id","at","user","address"')
+    assert len(csv_text.splitlines()) == 5
     # the admin CLI, against the same database
     res = run_cli(["team", "log", "list", "--db", team_db_url, "--user", "alice"], tmp_path / "cli")
     assert res.returncode == 0, res.stderr

@@ -165,7 +165,7 @@ class TeamChat:
                 raise GuardrailBlocked("the message must be text",
                                        detail={"rule": "empty", "stage": "input"})
             check_input(message, raw_history if isinstance(raw_history, list) else None,
-                        self.config.policy)
+                        self.config.policy, continue_from=data.get("continue_from"))
             history = parse_history(raw_history)
             # Continued only when its provenance is this team's (``gate_continuation`` in run_turn).
             continued = parse_continuation(data)

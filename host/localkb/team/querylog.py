@@ -99,12 +99,28 @@ class QueryLog:
         if fmt == "jsonl":
             return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode()
         out = io.StringIO()
-        writer = csv.DictWriter(out, fieldnames=_COLUMNS)
-        writer.writeheader()
+        # Every field quoted (a quote inside doubled), so no separator or line break in a
+        # message can end its cell; every field neutralised, so none becomes a formula.
+        writer = csv.writer(out, quoting=csv.QUOTE_ALL)
+        writer.writerow(_COLUMNS)
         for r in rows:
-            writer.writerow({k: json.dumps(v, ensure_ascii=False) if isinstance(v, dict | list)
-                             else v for k, v in r.items()})
+            writer.writerow([csv_cell(json.dumps(r[k], ensure_ascii=False)
+                                      if isinstance(r[k], dict | list) else r[k]) for k in _COLUMNS])
         return out.getvalue().encode()
+
+
+#: What makes a spreadsheet read a cell as a formula (OWASP "CSV Injection"): these first,
+#: or after leading spaces or quotes, which some spreadsheets strip before they look; their
+#: full-width forms too, in case one normalises them (such a cell only gains a ').
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "\uff1d", "\uff0b", "\uff0d", "\uff20")
+
+
+def csv_cell(value: Any) -> str:
+    """One CSV field as text a spreadsheet shows as text: a leading ``'`` before a formula start."""
+    text = "" if value is None else str(value)
+    if text.startswith(_FORMULA_START) or text.lstrip(" \"'").startswith(_FORMULA_START):
+        return "'" + text
+    return text
 
 
 def _entries(r: dict) -> list[dict]:
