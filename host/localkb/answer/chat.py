@@ -654,6 +654,8 @@ class ChatResult:
     summary: str = ""
     #: How the answer came about ("Answered by local · llama3 · on this device").
     answer_line: str = ""
+    #: The model was asked and failed (``{endpoint, code, message}``): the answer is quoted instead.
+    model_error: dict | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -663,6 +665,7 @@ class ChatResult:
             "model": self.model, "trace": self.trace, "cached": self.cached,
             "notes": self.notes, "tool_calls": self.tool_calls, "kbs": self.kbs,
             "summary": self.summary, "answer_line": self.answer_line,
+            "model_error": self.model_error,
         }
 
     @classmethod
@@ -670,7 +673,8 @@ class ChatResult:
         return cls(**{k: data[k] for k in (
             "answer", "generated", "citations", "removed_citations", "ungrounded",
             "rewritten_query", "statuses", "model", "trace", "cached", "notes", "tool_calls",
-            "kbs")}, summary=data.get("summary", ""), answer_line=data.get("answer_line", ""))
+            "kbs")}, summary=data.get("summary", ""), answer_line=data.get("answer_line", ""),
+                   model_error=data.get("model_error"))
 
 
 def wants_to_save(message: str) -> bool:
@@ -1017,6 +1021,7 @@ def run_turn(
     pieces: list[str] = []
     generate_ms = 0.0
     model_failed = False
+    model_error: dict | None = None
     targets: list[KBRecord] = []
     if tools_offered:
         # The write targets pass the same gate: a device knowledge base is never even named
@@ -1062,6 +1067,7 @@ def run_turn(
                                                      len(passages))
         except LLMUnavailable as err:
             model_failed = True
+            model_error = {"endpoint": endpoint.name, "code": err.code, "message": str(err)}
             store.log_error("chat", err.code, str(err))
             notes.append(f"The model {endpoint.name} failed, so this answer is not generated: {err}")
             answer, cited = extractive_answer(passages, f"the model {endpoint.name} failed", missing)
@@ -1115,7 +1121,7 @@ def run_turn(
         ungrounded=ungrounded, rewritten_query=query if rewrite.method != "none" else None,
         statuses=status_dicts, model=model, trace=trace, cached=False, notes=notes,
         tool_calls=tool_calls, kbs=sorted(provenance | {h.kb for h in passages}),
-        summary=summary_line(statuses), answer_line=line)
+        summary=summary_line(statuses), answer_line=line, model_error=model_error)
     if (cache is not None and not tools_offered and not model_failed and not unavailable
             and not options.continue_from
             and not tool_calls):

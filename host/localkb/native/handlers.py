@@ -17,6 +17,7 @@ from typing import Any
 from localkb import PROTOCOL_VERSION, __version__
 from localkb.config import Settings
 from localkb.errors import InvalidInput, LocalKBError
+from localkb.strings import KB_NAME_MAX
 
 MAX_TEXT = 64 * 1024 * 1024
 _store = None
@@ -114,7 +115,9 @@ def b64_bytes(data: Mapping, key: str, *, max_bytes: int = MAX_TEXT) -> bytes | 
 # -- handlers ----------------------------------------------------------------------
 def h_status(data: dict, ctx) -> dict:
     """Always answers: version, model state, data dir, per-knowledge-base counts and health."""
-    out: dict[str, Any] = {"host_version": __version__, "protocol_version": PROTOCOL_VERSION}
+    # Limits the extension's fields enforce as they are typed (no import: status answers cold).
+    out: dict[str, Any] = {"host_version": __version__, "protocol_version": PROTOCOL_VERSION,
+                           "limits": {"kb_name": KB_NAME_MAX}}
     try:
         settings = Settings.from_env()
         out["data_dir"] = str(settings.data_dir)
