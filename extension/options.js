@@ -238,7 +238,7 @@ function renderKnowledgeBases() {
           button("Export", `Export ${kb.name}`, () => exportKb(kb)),
           kb.id === state.defaultKb
             ? null
-            : button("Make default", `Save to ${kb.name} from the right-click menu`, async () => {
+            : button("Make default", `Make default: save to ${kb.name} from the right-click menu`, async () => {
                 await setDefaultKnowledgeBase(kb.id);
                 state.defaultKb = kb.id;
                 renderKnowledgeBases();

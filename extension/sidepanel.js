@@ -509,7 +509,7 @@ async function renderChatList() {
       const item = el("li", { class: "chat-item", dataset: { chat: c.id }, "aria-current": String(c.id === state.chat.id) });
       const open = el(
         "button",
-        { type: "button", class: "open", "aria-label": `Open chat ${c.title}`, onclick: () => openChat(c.id) },
+        { type: "button", class: "open", title: `Open chat ${c.title}`, onclick: () => openChat(c.id) },
         el("span", { class: "t", text: c.title }),
         el("span", { class: "d", text: `${formatDate(c.updated)} · ${c.questions} question${c.questions === 1 ? "" : "s"}` }),
       );
@@ -895,7 +895,7 @@ function renderFinal(block, turn, index) {
   if (turn.stopped && turn.answer && turn.endpoint) {
     actions.push(el("button", { type: "button", class: "link", text: "Continue", "aria-label": "Continue this answer", onclick: () => ask(turn.message, { replace: index, continueFrom: turn.answer, continueKbs: turn.sourceKbs, weakerKbs: turn.weakerKbs }) }));
   }
-  actions.push(el("button", { type: "button", class: "link", text: "Regenerate", "aria-label": "Ask this question again", onclick: () => ask(turn.message, { replace: index }) }));
+  actions.push(el("button", { type: "button", class: "link", text: "Regenerate", "aria-label": "Regenerate this answer", onclick: () => ask(turn.message, { replace: index }) }));
   setChildren(block.actions, ...actions);
 }
 
