@@ -707,6 +707,22 @@ async function ask(message, options = {}) {
   const prefix = options.continueFrom ?? "";
   let streamed = prefix;
   let frame = 0;
+  // Between the search and the first token a model may take long to load: say so, with the time.
+  let waiting = 0;
+  const startWaiting = () => {
+    if (!endpoint || waiting || streamed !== prefix) return;
+    const since = Date.now();
+    const name = state.endpoints.find((e) => e.name === endpoint)?.name ?? endpoint;
+    const tick = () => {
+      block.summary.textContent = `Waiting for ${name}… ${Math.floor((Date.now() - since) / 1000)} s`;
+    };
+    tick();
+    waiting = setInterval(tick, 1000);
+  };
+  const stopWaiting = () => {
+    if (waiting) clearInterval(waiting);
+    waiting = -1; // never again in this turn
+  };
   let requestId = "";
   /** @type {Record<string, any>} */
   const data = { kbs, message, history };
@@ -732,13 +748,19 @@ async function ask(message, options = {}) {
           if (old) old.replaceWith(li);
           else block.steps.append(li);
           stepsByKb.set(payload.kb, li);
-          block.summary.textContent = `Searching… ${stepsByKb.size} of ${kbs.length} done`;
+          if (waiting === 0) block.summary.textContent = `Searching… ${stepsByKb.size} of ${kbs.length} done`;
           renderAlerts(block, [...stepsByKb.keys()].map((k) => stepsByKb.get(k).__status), turn, index);
+          if (stepsByKb.size >= kbs.length) startWaiting();
         } else if (event === "provenance") {
           // Every knowledge base that reached the prompt, sent before the first token: a turn
           // stopped mid-stream keeps it, so its text goes on only where the gate allows.
           if (Array.isArray(payload?.kbs)) turn.sourceKbs = payload.kbs;
+          startWaiting(); // the prompt is built: what follows is the model
         } else if (event === "token") {
+          if (waiting !== -1) {
+            stopWaiting();
+            block.summary.textContent = `${endpoint ?? "The model"} is writing…`;
+          }
           streamed += payload?.text ?? "";
           // Markdown is re-rendered at most once per frame while the answer grows.
           if (!frame) {
@@ -789,6 +811,7 @@ async function ask(message, options = {}) {
     else if (HOST_GONE.has(e.code)) setHostDown(true);
   } finally {
     if (frame) cancelAnimationFrame(frame);
+    stopWaiting();
   }
   try {
     for (const card of block.confirm.querySelectorAll(".confirm-card")) settleConfirm(/** @type {any} */ (card), turn);

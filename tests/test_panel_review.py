@@ -73,10 +73,11 @@ def models(browser, code_kb) -> Iterator[dict]:
     """On-device models on loopback: one answers with a wide table, one streams a long answer
     slowly, and "dead" points at a port where nothing listens."""
     with FakeLLM(reply=WIDE_TABLE_ANSWER) as table, \
-            FakeLLM(mode="slow", delay=0.05, reply=LONG_ANSWER) as slow:
+            FakeLLM(mode="slow", delay=0.05, reply=LONG_ANSWER) as slow, FakeLLM(mode="hang") as hang:
         _host(browser, "config.set", {"endpoints": [
             {"name": "table", "base_url": table.base_url, "model": "table-model"},
             {"name": "slow", "base_url": slow.base_url, "model": "slow-model"},
+            {"name": "loading", "base_url": hang.base_url, "model": "big-model"},
             {"name": "dead", "base_url": "http://127.0.0.1:9/v1", "model": "dead-model"},
         ], "default_endpoint": "table"})
         yield {"table": table, "slow": slow}
@@ -182,6 +183,31 @@ def test_scrolling_up_while_an_answer_streams_stops_following_until_asked(browse
                             timeout=90_000)
     panel.wait_for_function("() => { const c = document.getElementById('conversation');"
                             " return c.scrollHeight - c.scrollTop - c.clientHeight < 40; }")
+    panel.click("#stop")
+    panel.close()
+
+
+# -- 8: between the search and the first token, the panel says it waits for the model ----------------
+def test_the_panel_says_it_waits_for_the_model_with_the_time_then_streams(browser, models):
+    panel = _panel(browser, "loading", {"Pool"}, width=400)
+    _ask(panel, "What should retry_limit be when pool_timeout is short?")
+    summary = _last_answer(panel).locator(".summary-text")
+    # Before: "Searching… 1 of 1 done" while the model loaded, and on through the stream.
+    panel.wait_for_function("() => /^Waiting for loading… [0-9]+ s$/.test("
+                            "[...document.querySelectorAll('.summary-text')].pop().textContent)")
+    first = int(summary.inner_text().split("… ")[1].split()[0])
+    panel.wait_for_function(f"() => parseInt([...document.querySelectorAll('.summary-text')].pop()"
+                            f".textContent.split('… ')[1]) > {first}")  # the time moves on
+    _shots(panel, "waiting")
+    panel.click("#stop")
+    _last_answer(panel).locator(".stopped").wait_for()
+    assert not summary.inner_text().startswith("Waiting"), summary.inner_text()
+    # a model that streams: once its first token is shown, the line is no longer "Searching…"
+    panel.select_option("#endpoint", "slow")
+    _ask(panel, "What should retry_limit be when pool_timeout is short?")
+    panel.wait_for_function("() => [...document.querySelectorAll('.turn-assistant .answer')].pop()"
+                            ".textContent.includes('Sentence 3')")
+    assert _last_answer(panel).locator(".summary-text").inner_text() == "slow is writing…"
     panel.click("#stop")
     panel.close()
 
