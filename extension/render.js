@@ -347,6 +347,7 @@ export function locationWords(location) {
 
 /** Human words for the host's save stages. */
 export const STAGE_LABELS = Object.freeze({
+  model: "Preparing the embedding model",
   extract: "Reading",
   chunk: "Splitting into passages",
   embed: "Embedding",
@@ -370,6 +371,10 @@ function eta(seconds) {
  */
 export function progressText(job) {
   if (job.state === "capturing") return "Reading the page…";
+  // Built once, on first use: no count to show, and no rate yet to make an ETA from.
+  if (job.stage === "model" && (job.done ?? 0) < (job.total ?? 1)) {
+    return "Preparing the embedding model (built once, on first use; about a minute)…";
+  }
   const label = STAGE_LABELS[/** @type {keyof typeof STAGE_LABELS} */ (job.stage)] ?? "Saving";
   const parts = [job.total ? `${label} ${job.done ?? 0} of ${job.total}` : `${label}…`];
   if (Number.isInteger(job.sources_total) && /** @type {number} */ (job.sources_total) > 1) {

@@ -421,6 +421,17 @@ async function renderJobs() {
     status.dataset.kind = newest.state === "done" ? (newest.report?.failed ? "partial" : "done") : newest.state;
     status.title = status.textContent;
   }
+  // A bar while the newest save runs: its count when there is one, moving when there is none yet
+  // (reading the page, preparing the model).
+  const bar = /** @type {HTMLProgressElement} */ ($("save-progress"));
+  const running = newest && (newest.state === "capturing" || newest.state === "saving");
+  bar.hidden = !running;
+  if (running && newest.total && newest.stage !== "model") {
+    bar.max = newest.total;
+    bar.value = newest.done ?? 0;
+  } else {
+    bar.removeAttribute("value"); // indeterminate
+  }
 }
 
 /** @param {any} job */

@@ -276,3 +276,39 @@ def test_the_picker_scrolls_through_200_knowledge_bases_and_leaves_the_ask_butto
         assert last.locator("input").is_checked()
         panel.screenshot(path=str(ARTIFACTS / f"review-picker-200-{width}.png"))
         panel.close()
+
+
+# -- 9: a save says what it is doing, with a bar, and its outcome in full ------------------------------
+def test_a_save_shows_its_stage_with_a_bar_and_its_outcome_in_full_at_320px(browser, code_kb):
+    panel = _open_panel(browser, width=320, height=700)
+    # The newest save, as the worker stores it while the host prepares the model on first use.
+    browser.worker_eval("() => chrome.storage.session.set({'job:first-use': {id: 'first-use',"
+                        " title: 'A page with a rather long title about connection pools', state: 'saving',"
+                        " stage: 'model', done: 0, total: 1, startedAt: Date.now() + 1e9}})")
+    panel.wait_for_function("() => document.getElementById('save-status').textContent.includes("
+                            "'Preparing the embedding model')")
+    bar = panel.locator("#save-progress")
+    assert bar.is_visible() and bar.get_attribute("value") is None  # moving: no count yet
+    # Before: one nowrap line, cut off with an ellipsis at 320 px.
+    status = panel.evaluate("() => { const s = document.getElementById('save-status');"
+                            " return [s.scrollHeight, s.clientHeight, s.scrollWidth, s.clientWidth]; }")
+    assert status[0] <= status[1] + 1 and status[2] <= status[3] + 1, status
+    _shots(panel, "save-model")
+    browser.worker_eval("() => chrome.storage.session.set({'job:first-use': {id: 'first-use',"
+                        " title: 'A page with a rather long title about connection pools', state: 'saving',"
+                        " stage: 'embed', done: 12, total: 40, startedAt: Date.now() + 1e9}})")
+    panel.wait_for_function("() => document.getElementById('save-progress').value === 12")
+    assert bar.get_attribute("max") == "40"
+    browser.worker_eval("() => chrome.storage.session.set({'job:first-use': {id: 'first-use',"
+                        " title: 'A page with a rather long title about connection pools', state: 'done',"
+                        " kbName: 'Pool', text: '40 passages added', report: {failed: 0},"
+                        " startedAt: Date.now() + 1e9}})")
+    panel.wait_for_function("() => document.getElementById('save-progress').hidden")
+    text = panel.locator("#save-status").inner_text()
+    assert text.endswith("Pool: 40 passages added"), text
+    status = panel.evaluate("() => { const s = document.getElementById('save-status');"
+                            " return [s.scrollHeight, s.clientHeight, s.scrollWidth, s.clientWidth]; }")
+    assert status[0] <= status[1] + 1 and status[2] <= status[3] + 1, status  # the outcome is all there
+    _shots(panel, "save-done")
+    browser.worker_eval("() => chrome.storage.session.remove('job:first-use')")
+    panel.close()

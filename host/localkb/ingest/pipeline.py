@@ -461,6 +461,8 @@ class _Job:
         self.model_work: dict[str, int] = {}
         self._done_items: set[int] = set()
         self._item_keys: dict[int, str] = {}
+        self._model_lock = threading.Lock()
+        self._model_prepared = False
 
     # -- locks ---------------------------------------------------------------------------
     def _lock_key(self, item: _Item) -> str | None:
@@ -554,8 +556,23 @@ class _Job:
         src.staged_before = kb.staged_passages(sid, kb.record.model)
         return src
 
+    def prepare_model(self) -> None:
+        """The model, before the first source is chunked: its own ``model`` stage when this
+        process does not hold it yet (the first add after an install builds it, a minute or
+        more), so a save says what it waits for and the rate starts after it."""
+        with self._model_lock:
+            if self._model_prepared:
+                return
+            if not self.kb.store.models.ready(self.kb.record.model):
+                self.progress.emit("model", 0, 1, force=True)
+                _ = self.kb.embedder  # builds (first use) and selects the model
+                self.progress.model_ready()
+                self.progress.emit("model", 1, 1, force=True)
+            self._model_prepared = True
+
     def stream_source(self, src: _Source, put: Callable[[tuple], None]) -> None:
         """Chunk the source section by section, marking each passage to keep or to embed."""
+        self.prepare_model()
         settings = self.settings
         title = src.doc.title
         for block in iter_chunks(src.doc, self.kb.embedder.count_tokens,
