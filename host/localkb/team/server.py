@@ -47,6 +47,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+import psycopg
+
 from localkb import __version__
 from localkb.answer.privacy import endpoint_location
 from localkb.config import Settings
@@ -59,7 +61,7 @@ from localkb.errors import (
 )
 from localkb.inputs import b64_bytes, parse_object, req_bool, req_int, req_kbs, req_str
 from localkb.team.access import Access, Directory, level_of, require_admin
-from localkb.team.db import Database
+from localkb.team.db import Database, mapped
 from localkb.team.schema import LEVELS
 from localkb.team.store import TeamStore
 
@@ -181,7 +183,10 @@ class TeamAPI:
             if auth:
                 req.access = self.directory.authenticate(_bearer(req.headers.get("Authorization")))
             args = [req.parts[i] for i, p in enumerate(pattern) if p == "*"]
-            return 200, fn(req, *args)
+            try:
+                return 200, fn(req, *args)
+            except psycopg.Error as err:  # one that a store path let through: mapped all the same
+                raise mapped(err) from err
         if known_path:
             raise InvalidInput(f"{req.method} is not allowed here", detail={"reason": "method"})
         raise _NoRoute(f"no such endpoint: {req.method} /{'/'.join(req.parts)}")
