@@ -7,17 +7,14 @@ meets a connection the pool held from before the restart.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import threading
-from pathlib import Path
 
 import httpx
 import psycopg
 import pytest
 
+from conftest import embedded_cluster
 from localkb.team.db import Database
-from localkb.team.embedded import EmbeddedPostgres
 from localkb.team.server import TeamAPI
 from test_team import _start, seed_acme
 
@@ -27,14 +24,8 @@ POOL = 4
 @pytest.fixture
 def own_pg():
     """A cluster only this test stops and starts (the session's ``pg_cluster`` serves the rest)."""
-    base = Path(tempfile.mkdtemp(prefix="localkb-test-outage-"))
-    pg = EmbeddedPostgres(base / "team")
-    pg.acquire()
-    pg.start()
-    yield pg
-    pg.stop()
-    pg.release()
-    shutil.rmtree(base, ignore_errors=True)
+    with embedded_cluster("localkb-test-outage-") as pg:
+        yield pg
 
 
 def _call(url: str, token: str, method: str, route: str, body: dict | None = None) -> tuple[int, dict]:
@@ -75,11 +66,15 @@ def test_postgres_lost_mid_write_is_unavailable_and_a_restart_leaves_no_stale_co
             {"title": "Travel policy", "text": "Book trains, not planes."})))
         writer.start()
         with psycopg.connect(own_pg.url(), autocommit=True) as watch:
-            while not watch.execute("SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                                    "AND query LIKE '%%FOR UPDATE%%' AND pid <> %s",
-                                    (holder.info.backend_pid,)).fetchone():
+            for _poll in range(2400):  # a hang guard only
+                if watch.execute("SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                 "AND query LIKE '%%FOR UPDATE%%' AND pid <> %s",
+                                 (holder.info.backend_pid,)).fetchone():
+                    break
                 assert writer.is_alive(), answer  # the write must be waiting, not done
                 watch.execute("SELECT pg_sleep(0.05)")
+            else:
+                pytest.fail("the server's write never reached the knowledge base's row lock")
         own_pg.stop()
         writer.join(timeout=120)
         holder.close()
