@@ -61,6 +61,7 @@ const $ = (id) => document.getElementById(id);
  * @property {any[]} [tool_calls]
  * @property {boolean} [stopped]
  * @property {{code: string, message: string}} [error]
+ * @property {{endpoint: string, code: string, message: string} | null} [model_error] the model was asked and failed
  */
 
 const state = {
@@ -72,6 +73,10 @@ const state = {
   /** @type {import("./chats.js").Chat} */ chat: newChat(),
   /** @type {AbortController | null} */ asking: null,
   hostDown: false,
+  /** The last failure of each model this panel asked (cleared by its next answer). @type {Map<string, string>} */
+  modelProblems: new Map(),
+  /** Whether the conversation follows new text; the reader scrolling up turns it off. */
+  follow: true,
 };
 
 // ---- start-up and the host connection ----
@@ -205,6 +210,14 @@ function renderModel() {
     where.textContent = "quotes passages";
     where.className = "pill muted";
     where.title = modelLine(null);
+  } else if (state.modelProblems.has(model.short)) {
+    // It failed when last asked: the header says so until it answers again.
+    name.textContent = model.name;
+    name.title = `${model.name} did not answer: ${state.modelProblems.get(model.short)}`;
+    where.hidden = false;
+    where.textContent = "not answering";
+    where.className = "pill bad";
+    where.title = name.title;
   } else {
     const words = locationWords(model.location);
     name.textContent = model.name;
@@ -685,7 +698,7 @@ async function ask(message, options = {}) {
   }
   block.answer.classList.add("streaming");
   block.answer.setAttribute("aria-busy", "true");
-  box.scrollTop = box.scrollHeight;
+  scrollToNewest(); // asking follows the new answer again
 
   const controller = new AbortController();
   state.asking = controller;
@@ -732,12 +745,12 @@ async function ask(message, options = {}) {
             frame = requestAnimationFrame(() => {
               frame = 0;
               setChildren(block.answer, renderMarkdown(streamed));
-              box.scrollTop = box.scrollHeight;
+              followNewest();
             });
           }
         } else if (event === "confirm") {
           block.confirm.append(confirmCard(payload, requestId));
-          box.scrollTop = box.scrollHeight;
+          followNewest();
         }
       },
     });
@@ -754,7 +767,13 @@ async function ask(message, options = {}) {
       rewritten_query: result.rewritten_query,
       sourceKbs: Array.isArray(result.kbs) ? result.kbs : undefined,
       tool_calls: result.tool_calls ?? [],
+      model_error: result.model_error ?? null,
     });
+    if (endpoint) {
+      if (result.model_error) state.modelProblems.set(endpoint, result.model_error.message);
+      else if (result.generated) state.modelProblems.delete(endpoint);
+      renderModel();
+    }
   } catch (err) {
     const e = /** @type {HostError} */ (err);
     if (e.code === "cancelled") {
@@ -780,7 +799,32 @@ async function ask(message, options = {}) {
     state.asking = null;
     setAsking(false);
   }
-  box.scrollTop = box.scrollHeight;
+  followNewest();
+}
+
+// ---- following the newest text ----
+
+const FOLLOW_SLACK_PX = 40;
+
+/** Keep the newest text in view, unless the reader has scrolled up to read. */
+function followNewest() {
+  if (state.follow) $("conversation").scrollTop = $("conversation").scrollHeight;
+  else $("scroll-bottom").hidden = false;
+}
+
+/** Scroll to the newest text and follow it again. */
+function scrollToNewest() {
+  state.follow = true;
+  $("scroll-bottom").hidden = true;
+  $("conversation").scrollTop = $("conversation").scrollHeight;
+}
+
+/** A scroll away from the bottom (by the reader) stops following; back at the bottom resumes it. */
+function onConversationScroll() {
+  const box = $("conversation");
+  const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight <= FOLLOW_SLACK_PX;
+  state.follow = atBottom;
+  $("scroll-bottom").hidden = atBottom;
 }
 
 /**
@@ -823,8 +867,10 @@ function renderFinal(block, turn, index) {
   const shown = new Set(statuses.filter((s) => s.status === "skipped" || s.status === "unavailable").map((s) => s.kb_name));
   // ...and a model's write request has its card, which says how it ended.
   const carded = block.confirm.childElementCount > 0;
+  const failedNote = turn.model_error ? `The model ${turn.model_error.endpoint} failed` : null;
   const notes = (turn.notes ?? []).filter(
     (n) =>
+      !(failedNote && n.startsWith(failedNote)) &&
       ![...shown].some((name) => n.startsWith(`${name} was not searched`) || n.startsWith(`The search of ${name} did not run`)) &&
       !(carded && (n.startsWith("add_to_knowledge_base:") || n.startsWith("Saved “"))),
   );
@@ -839,6 +885,8 @@ function renderFinal(block, turn, index) {
   block.root.querySelector(".answer-error")?.remove();
   block.root.querySelector(".stopped")?.remove();
   if (turn.error) block.meta.before(errorBox(turn, index));
+  // A model that failed: its reason comes first, the quoted passages after it.
+  else if (turn.model_error) block.answer.before(modelErrorBox(turn, index));
   if (turn.stopped) block.meta.before(el("p", { class: "stopped", text: "Stopped before the answer was finished." }));
   const actions = [];
   if (turn.answer) {
@@ -906,6 +954,22 @@ function errorBox(turn, index) {
   } else {
     box.append(row);
   }
+  return box;
+}
+
+/**
+ * The model was asked and failed: why, first, and what the quotes below are.
+ * @param {Turn} turn
+ * @param {number} index
+ */
+function modelErrorBox(turn, index) {
+  const failure = /** @type {{endpoint: string, message: string}} */ (turn.model_error);
+  const box = el("div", { class: "answer-error", role: "alert" });
+  box.append(
+    el("p", { text: `${failure.endpoint} did not answer: ${failure.message}` }),
+    el("p", { class: "small-text", text: "Below, the best passages are quoted instead. Check that the model is running, or choose another one above." }),
+    el("div", { class: "row" }, el("button", { type: "button", class: "small primary", text: "Try again", onclick: () => ask(turn.message, { replace: index }) })),
+  );
   return box;
 }
 
@@ -1243,6 +1307,8 @@ $("question").addEventListener("keydown", (e) => {
   }
 });
 $("stop").addEventListener("click", () => state.asking?.abort());
+$("conversation").addEventListener("scroll", onConversationScroll, { passive: true });
+$("scroll-bottom").addEventListener("click", () => scrollToNewest());
 $("new-chat").addEventListener("click", () => startNewChat());
 $("chats-new").addEventListener("click", async () => {
   /** @type {HTMLDialogElement} */ ($("chats")).close();

@@ -14,6 +14,8 @@ the boundary with ``raise X(...) from err``.
     │   └── TooLarge                too_large
     ├── Unauthorized                unauthorized
     ├── Forbidden                   forbidden
+    │   ├── HostNotAllowed          host_not_allowed
+    │   └── OriginNotAllowed        origin_not_allowed
     ├── NotFound                    not_found
     │   ├── KnowledgeBaseNotFound   kb_not_found
     │   └── SourceNotFound          source_not_found
@@ -101,6 +103,18 @@ class Forbidden(LocalKBError):
     """The team server knows who is asking, and their roles do not allow this."""
 
     code = "forbidden"
+
+
+class HostNotAllowed(Forbidden):
+    """The request's Host header names a server other than this one (DNS rebinding): HTTP 421."""
+
+    code = "host_not_allowed"
+
+
+class OriginNotAllowed(Forbidden):
+    """A request that changes something came from a page on another site."""
+
+    code = "origin_not_allowed"
 
 
 class NotFound(LocalKBError):

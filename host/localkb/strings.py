@@ -33,6 +33,11 @@ def string_problem(value: str) -> str | None:
     return None
 
 
+#: The longest knowledge base name (``store.kb.check_name``); the extension's name fields
+#: take it from the host's ``status`` reply.
+KB_NAME_MAX = 80
+
+
 def clean_name(value: object, *, what: str, max_len: int, forbid: str = "") -> str:
     """``value`` stripped and in NFC; ``InvalidInput`` naming the first character refused."""
     if not isinstance(value, str):

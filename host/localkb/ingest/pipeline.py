@@ -82,7 +82,7 @@ from localkb.ingest.files import (
 from localkb.ingest.progress import JobProgress
 from localkb.store.base import ChunkWrite, FileFingerprint, SourceWrite, StagedPassage
 from localkb.store.base import KnowledgeBaseHandle as KnowledgeBase
-from localkb.store.catalog import chunk_id, source_id
+from localkb.store.catalog import chunk_id
 
 CHUNKER_VERSION = "1"
 CAPTURED_BY = ("cli", "folder", "url", "context-menu", "side-panel", "toolbar", "import", "chat",
@@ -509,7 +509,7 @@ class _Job:
                 raise SourceTooLarge(too_large_reason(st.st_size, self.max_bytes),
                                      detail={"bytes": st.st_size, "cap": self.max_bytes})
             key = _file_key(path)
-            sid = source_id(kb.id, key)
+            sid = kb.source_id_for(key)
             fingerprint = Fingerprint(st.st_size, st.st_mtime_ns)
             stored = kb.file_state(sid)
             if stored is not None and stored.recipe == self.recipe and \
@@ -543,11 +543,11 @@ class _Job:
                 per_unit["f"] = 1.0
         else:
             doc, key = item.load()
-            sid = source_id(kb.id, key)
             lock_key = f"{kb.id}\x1f{key}"
             while not self.locks.acquire(lock_key):
                 time.sleep(0.1)  # a capture or URL: one source, nothing else held
             self._item_keys[id(item)] = lock_key
+            sid = kb.source_id_for(key)  # under the lock: a concurrent add of it has landed
         src = _Source(item=item, sid=sid, key=key, doc=doc, lock_key=self._item_keys.get(id(item), ""),
                       before=kb.stored_passages(sid), digest=_digest_start(doc, kb.record.model),
                       fingerprint=fingerprint)
@@ -1167,7 +1167,7 @@ def _run(kb: KnowledgeBase, items: list[_Item], *, progress: Progress | None,
     if job.report.interrupted:
         job.report.pending = [i.name for i in items if id(i) not in job._done_items]
         with_staged = kb.staged_sources()
-        names = {source_id(kb.id, _file_key(i.path)): i.name for i in items if i.path is not None}
+        names = {kb.source_id_for(_file_key(i.path)): i.name for i in items if i.path is not None}
         job.report.staged = {names.get(sid, sid): n for sid, n in with_staged.items()}
     return job.report
 

@@ -17,6 +17,7 @@ from localkb import PROTOCOL_VERSION, __version__
 from localkb.config import Settings
 from localkb.errors import InvalidInput, LocalKBError
 from localkb.inputs import MAX_TEXT, b64_bytes, req_bool, req_int, req_kbs, req_str
+from localkb.strings import KB_NAME_MAX
 
 _store = None
 _store_lock = threading.Lock()
@@ -60,7 +61,9 @@ def reset_store() -> None:
 # -- handlers ----------------------------------------------------------------------
 def h_status(data: dict, ctx) -> dict:
     """Always answers: version, model state, data dir, per-knowledge-base counts and health."""
-    out: dict[str, Any] = {"host_version": __version__, "protocol_version": PROTOCOL_VERSION}
+    # Limits the extension's fields enforce as they are typed (no import: status answers cold).
+    out: dict[str, Any] = {"host_version": __version__, "protocol_version": PROTOCOL_VERSION,
+                           "limits": {"kb_name": KB_NAME_MAX}}
     try:
         settings = Settings.from_env()
         out["data_dir"] = str(settings.data_dir)
@@ -316,7 +319,7 @@ def _chat_shared():
 
 def h_chat(data: dict, ctx) -> dict:
     """One grounded chat turn: ``step`` and ``token`` events (``confirm`` for a write), then the answer."""
-    from localkb.answer.chat import ChatOptions, parse_history, run_turn
+    from localkb.answer.chat import ChatOptions, parse_continuation, parse_history, run_turn
     from localkb.answer.llm import load_config
 
     store = get_library()
@@ -335,21 +338,19 @@ def h_chat(data: dict, ctx) -> dict:
     else:
         weaker_kbs = ()
         weaker = req_bool(data, "use_weaker_matches")
-    # A stopped answer to continue is an assistant turn like any in the history: its
-    # ``continue_kbs`` (the stopped turn's ``provenance`` event) is validated the same way.
-    partial = req_str(data, "continue_from", required=False, max_len=32_000) or ""
-    continued = parse_history([{"role": "assistant", "content": partial,
-                                "kbs": data.get("continue_kbs")}])[0] if partial else None
+    # A stopped answer to continue is an assistant turn like any in the history.
+    continued = parse_continuation(data)
     options = ChatOptions(k=req_int(data, "k", 8, lo=1, hi=50), use_weaker_matches=weaker,
                           weaker_kbs=weaker_kbs, strict=req_bool(data, "strict"), kind="chat",
                           no_model_reason="you chose no model" if extractive
                           else "no model is configured",
-                          continue_from=partial,
+                          continue_from=continued.content if continued is not None else "",
                           continue_kbs=continued.kbs if continued is not None else None)
     from localkb.team.relay import relay_turn, team_of_turn
 
     # Every knowledge base on one team, no model chosen here: the team server answers
     # (its model, caches, caps, guardrails, query log) and its stream is relayed as it comes.
+    # What it is handed passes the privacy gate first (``relay_turn``).
     team = None if extractive or name else team_of_turn(store, kbs)
     if team is not None:
         emitted: list[str] = []
@@ -359,7 +360,7 @@ def h_chat(data: dict, ctx) -> dict:
             ctx.emit(event, payload)
 
         try:
-            return relay_turn(store, team, kbs, message, history=data.get("history"), k=options.k,
+            return relay_turn(store, team, kbs, message, history=history, options=options,
                               regenerate=req_bool(data, "regenerate"), emit=relayed,
                               cancel=ctx.cancelled)
         except LocalKBError as err:

@@ -104,8 +104,10 @@ def _system_store(db):
 def cmd_serve(args, out) -> int:
     import logging
 
+    from localkb.team.hosts import HostNames
     from localkb.team.server import serve
 
+    HostNames.of(args.allowed_host or ())  # a bad name is refused before PostgreSQL starts
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
@@ -123,7 +125,8 @@ def cmd_serve(args, out) -> int:
 
     serve(args.db or os.environ.get("LOCALKB_TEAM_DB"), team_dir=_team_dir(args), host=args.host,
           port=args.port, name=args.name, settings=_settings(), ready=ready, stop=stop,
-          chat=chat_config(args), rerank_model=args.rerank_model)
+          chat=chat_config(args), rerank_model=args.rerank_model,
+          allowed_hosts=tuple(args.allowed_host or ()))
     print("localkb team server stopped", flush=True)
     return 0
 
@@ -355,6 +358,9 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
     c.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     c.add_argument("--port", type=int, default=8765)
     c.add_argument("--name", default="team", help="the team's name, shown beside its knowledge bases")
+    c.add_argument("--allowed-host", action="append", metavar="NAME",
+                   help="a Host name this server answers to beside localhost and IP addresses "
+                   "(repeatable; the name clients and a TLS proxy use)")
     c.add_argument("--llm-url", default=None, help="team chat's model: an OpenAI-compatible API root "
                    "(default: none, answers quote the passages)")
     c.add_argument("--llm-model", default=None, help="the model name sent to --llm-url")

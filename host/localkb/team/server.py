@@ -8,8 +8,9 @@ local product — the ingest pipeline, the Searcher, the ``.awkb`` export and im
 Replies have the host protocol's shape: ``{"ok": true, "result": …}`` or
 ``{"ok": false, "error": {"code", "message", "detail"?}}`` with an HTTP status that
 matches the code (400 invalid_input, 401 unauthorized, 403 forbidden, 404 *_not_found,
-409 conflict, 411/413 for a missing or oversized body, 503 team_unavailable and
-embedding_unavailable). Bodies are read only up to their cap; nothing past it is read.
+409 conflict, 411/413 for a missing or oversized body, 421 host_not_allowed, 503
+team_unavailable and embedding_unavailable). Bodies are read only up to their cap; nothing
+past it is read. The Host header is checked first (``hosts.py``: DNS rebinding).
 
     GET    /v1/health                              no token: name, version, database state
     GET    /v1/me                                  the caller and their access
@@ -62,6 +63,7 @@ from localkb.errors import (
 from localkb.inputs import b64_bytes, parse_object, req_bool, req_int, req_kbs, req_str
 from localkb.team.access import Access, Directory, level_of, require_admin
 from localkb.team.db import Database, mapped
+from localkb.team.hosts import HostNames
 from localkb.team.schema import LEVELS
 from localkb.team.store import TeamStore
 
@@ -81,6 +83,7 @@ STATUS = {
     "source_not_found": 404, "conflict": 409, "nothing_written": 422, "model_mismatch": 409,
     "team_unavailable": 503, "embedding_unavailable": 503, "index_unavailable": 503,
     "store_error": 500, "cancelled": 499, "rate_limited": 429, "guardrail_blocked": 422,
+    "host_not_allowed": 421, "origin_not_allowed": 403,
 }
 
 
@@ -136,8 +139,10 @@ class TeamAPI:
 
     def __init__(self, db: Database, settings: Settings, *, name: str = "team",
                  max_import_bytes: int = MAX_IMPORT_BYTES, max_json_bytes: int = MAX_JSON_BYTES,
-                 chat=None) -> None:
+                 chat=None, allowed_hosts: tuple[str, ...] = ()) -> None:
         self.db = db
+        #: The Host names answered beside loopback ones (``hosts.py``: DNS rebinding).
+        self.hosts = HostNames.of(allowed_hosts)
         self.settings = settings
         self.name = name
         self.directory = Directory(db)
@@ -172,6 +177,7 @@ class TeamAPI:
     # -- dispatch -------------------------------------------------------------------------
     def dispatch(self, req: Request) -> tuple[int, Any]:
         """(HTTP status, result): a dict for JSON, or (bytes, headers) for a file."""
+        self.hosts.check(req.method, req.headers)  # before any route or token is looked at
         known_path = False
         for method, pattern, fn, auth in self.routes:
             if len(pattern) != len(req.parts) or not all(
@@ -350,9 +356,8 @@ class TeamAPI:
         return {**report.to_dict(), "access": LEVELS[level]}
 
     def errors(self, req: Request) -> dict:
-        kb = req.arg("kb", max_len=200)
         rows, total = self.store(req).errors(
-            source=req.arg("source", max_len=40), kb_id=self.system.resolve(kb).id if kb else None,
+            source=req.arg("source", max_len=40), kb=req.arg("kb", max_len=200) or None,
             offset=req.int_arg("offset", 0, lo=0, hi=10**9), limit=req.int_arg("limit", 20, lo=1, hi=200))
         return {"errors": rows, "total": total}
 
@@ -537,7 +542,7 @@ class TeamServer(ThreadingHTTPServer):
 
 def serve(db_url: str | None, *, team_dir, host: str, port: int, name: str, settings: Settings,
           ready: Callable[[str], None] | None = None, stop: threading.Event | None = None,
-          chat=None, rerank_model: str | None = None) -> None:
+          chat=None, rerank_model: str | None = None, allowed_hosts: tuple[str, ...] = ()) -> None:
     """Run the team server until ``stop`` is set (the CLI sets it on SIGINT/SIGTERM).
 
     With no ``db_url`` the embedded PostgreSQL in ``team_dir`` is started first and stopped
@@ -553,7 +558,7 @@ def serve(db_url: str | None, *, team_dir, host: str, port: int, name: str, sett
     try:
         db = Database(db_url)
         try:
-            api = TeamAPI(db, settings, name=name, chat=chat)
+            api = TeamAPI(db, settings, name=name, chat=chat, allowed_hosts=allowed_hosts)
             if rerank_model:
                 from pathlib import Path
 
