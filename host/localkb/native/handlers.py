@@ -8,18 +8,17 @@ cold start before the model or the indexes are touched.
 from __future__ import annotations
 
 import base64
-import binascii
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from localkb import PROTOCOL_VERSION, __version__
 from localkb.config import Settings
 from localkb.errors import InvalidInput, LocalKBError
+from localkb.inputs import MAX_TEXT, b64_bytes, req_bool, req_int, req_kbs, req_str
 from localkb.strings import KB_NAME_MAX
 
-MAX_TEXT = 64 * 1024 * 1024
 _store = None
 _store_lock = threading.Lock()
 
@@ -57,59 +56,6 @@ def reset_store() -> None:
         if _store is not None:
             _store.close()
         _store = None
-
-
-# -- field checks ------------------------------------------------------------------
-def req_str(data: Mapping, key: str, *, max_len: int = 4096, required: bool = True,
-            allow_empty: bool = False) -> str | None:
-    value = data.get(key)
-    if value is None:
-        if required:
-            raise InvalidInput(f"'{key}' is required", detail={"field": key})
-        return None
-    if not isinstance(value, str):
-        raise InvalidInput(f"'{key}' must be a string", detail={"field": key})
-    if len(value) > max_len:
-        raise InvalidInput(f"'{key}' is longer than {max_len:,} characters", detail={"field": key})
-    if not allow_empty and not value.strip():
-        raise InvalidInput(f"'{key}' is empty", detail={"field": key})
-    return value
-
-
-def req_int(data: Mapping, key: str, default: int, *, lo: int, hi: int) -> int:
-    value = data.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise InvalidInput(f"'{key}' must be an integer from {lo} to {hi}", detail={"field": key})
-    return value
-
-
-def req_bool(data: Mapping, key: str, default: bool = False) -> bool:
-    value = data.get(key, default)
-    if not isinstance(value, bool):
-        raise InvalidInput(f"'{key}' must be true or false", detail={"field": key})
-    return value
-
-
-def req_kbs(data: Mapping) -> list[str]:
-    """``kbs`` (a list of ids or names) or a single ``kb``."""
-    if "kbs" in data:
-        kbs = data["kbs"]
-        if not isinstance(kbs, list) or not kbs or len(kbs) > 50 or not all(
-                isinstance(k, str) and 0 < len(k) <= 200 for k in kbs):
-            raise InvalidInput("'kbs' must be a non-empty list of knowledge-base ids or names",
-                               detail={"field": "kbs"})
-        return kbs
-    return [req_str(data, "kb", max_len=200)]
-
-
-def b64_bytes(data: Mapping, key: str, *, max_bytes: int = MAX_TEXT) -> bytes | None:
-    raw = req_str(data, key, max_len=max_bytes * 4 // 3 + 8, required=False)
-    if raw is None:
-        return None
-    try:
-        return base64.b64decode(raw, validate=True)
-    except (binascii.Error, ValueError) as err:
-        raise InvalidInput(f"'{key}' is not valid base64", detail={"field": key}) from err
 
 
 # -- handlers ----------------------------------------------------------------------

@@ -25,6 +25,7 @@ filter, so a name held only above the user's clearance is missing for that user.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -43,6 +44,7 @@ from localkb.errors import (
     KnowledgeBaseNotFound,
     ModelMismatch,
     SourceNotFound,
+    TeamUnavailable,
 )
 from localkb.ingest.chunk import passage_text
 from localkb.store.analysis import analyze
@@ -201,8 +203,7 @@ class AdvisoryLocks(ItemLocks):
             if k in self._held:  # the job's own hold (a key sharing the hash shares it, as stripes do)
                 self._held[k] += 1
                 return True
-            row = self._connection().execute("SELECT pg_try_advisory_lock(%s, %s)",
-                                             (self.NAMESPACE, k)).fetchone()
+            row = self._run("SELECT pg_try_advisory_lock(%s, %s)", k).fetchone()
             if not row[0]:
                 return False
             self._held[k] = 1
@@ -216,7 +217,24 @@ class AdvisoryLocks(ItemLocks):
             self._held[k] -= 1
             if self._held[k] == 0:
                 del self._held[k]
-                self._conn.execute("SELECT pg_advisory_unlock(%s, %s)", (self.NAMESPACE, k))
+                with contextlib.suppress(TeamUnavailable):  # a lost session took its locks with it
+                    self._run("SELECT pg_advisory_unlock(%s, %s)", k)
+
+    def _run(self, statement: str, k: int):
+        """One statement on the lock session; a lost session is forgotten with its locks, and
+        its error mapped as every other team database error is."""
+        import psycopg
+
+        from localkb.team.db import mapped
+
+        try:
+            return self._connection().execute(statement, (self.NAMESPACE, k))
+        except psycopg.Error as err:
+            self._held.clear()
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+            raise mapped(err) from err
 
     def release_all(self) -> None:
         with self._mutex:
