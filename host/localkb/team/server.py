@@ -553,8 +553,11 @@ def serve(db_url: str | None, *, team_dir, host: str, port: int, name: str, sett
     pg = None
     if db_url is None:
         pg = EmbeddedPostgres(team_dir)
-        pg.acquire(wait=True)
-        db_url = pg.start()
+        if pg.standalone():  # `localkb team db start` runs it for several servers: use, never stop
+            db_url, pg = pg.url(), None
+        else:
+            pg.acquire(wait=True)
+            db_url = pg.start()
     try:
         db = Database(db_url)
         try:
