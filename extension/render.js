@@ -17,6 +17,8 @@
  * @property {string} [line] the host's own wording of this line (search.status_line)
  */
 
+import { renderedLine } from "./fragments.js";
+
 /**
  * @typedef {object} SaveReport
  * @property {string} [title]
@@ -300,10 +302,35 @@ export function scoreBars(hits, cutoff) {
       value: v,
       pct: v === null ? 0 : pct(v),
       above: v !== null && hasCut ? v >= /** @type {number} */ (cutoff) : v !== null,
+      rank: i + 1,
       hit,
     };
   });
+  // The search's order is fused (vector and keyword), so its cosines are not monotone: the
+  // chart reads top-down by the similarity it draws, each row keeping its rank in the search.
+  rows.sort((a, b) => (b.value ?? -Infinity) - (a.value ?? -Infinity) || a.rank - b.rank);
   return { rows, cutoffPct: hasCut ? pct(/** @type {number} */ (cutoff)) : null, min, max: top };
+}
+
+/**
+ * The first words of a passage as the page reads: without the title line the host puts in
+ * front of every passage (the row already shows the title), headings set off by " · ", and
+ * no Markdown marks (code ticks, emphasis, link addresses, table pipes).
+ * @param {string | undefined} text
+ * @param {string | undefined} title
+ * @param {number} [max] characters
+ */
+export function passageSnippet(text, title, max = 160) {
+  let lines = String(text ?? "").split("\n").map((l) => l.trim()).filter(Boolean);
+  if (lines.length > 1 && title && (lines[0] === title.trim() || (lines[0].endsWith("…") && title.startsWith(lines[0].slice(0, -1))))) lines = lines.slice(1);
+  // A heading that repeats the title (a page's own <h1>) says nothing the row does not.
+  lines = lines.filter((l, i) => !(i === 0 && /^#+\s/.test(l) && l.replace(/^#+\s*/, "") === String(title ?? "").trim()));
+  const flat = lines
+    .map((l) => (/^#+\s/.test(l) ? `${renderedLine(l.replace(/^#+\s*/, ""))} ·` : renderedLine(l)))
+    .join(" ")
+    .replace(/\s+/g, " ")
+    .trim();
+  return flat.length > max ? `${flat.slice(0, max).replace(/\s+\S*$/, "")}…` : flat;
 }
 
 /**

@@ -23,6 +23,7 @@ import {
   locationWords,
   modelLine,
   passageFacts,
+  passageSnippet,
   privacyLabel,
   progressText,
   scoreBars,
@@ -1232,8 +1233,8 @@ async function testSearch(status, query) {
     el(
       "div",
       { class: "bar-row", dataset: { above: String(row.above) } },
-      el("span", { class: "bar-title", text: row.label, title: row.label }),
-      el("span", { class: "bar-snippet", text: snippet(row.hit.text, row.hit.title) }),
+      el("span", { class: "bar-title", text: `${row.label} · search rank ${row.rank}`, title: row.label }),
+      el("span", { class: "bar-snippet", text: passageSnippet(row.hit.text, row.hit.title) }),
       el(
         "div",
         { class: "bar-track" },
@@ -1264,21 +1265,6 @@ async function testSearch(status, query) {
     area,
     el("div", { class: "axis" }, el("span", { text: `similarity ${formatScore(layout.min)}` }), el("span", { text: formatScore(layout.max) })),
   );
-}
-
-/**
- * The first words of a passage, for the search test's rows: without the title line the host
- * puts in front of every passage (the row already shows the title), headings set off by " · ".
- * @param {string | undefined} text
- * @param {string | undefined} title
- */
-function snippet(text, title) {
-  let lines = String(text ?? "").split("\n").map((l) => l.trim()).filter(Boolean);
-  if (lines.length > 1 && title && (lines[0] === title.trim() || (lines[0].endsWith("…") && title.startsWith(lines[0].slice(0, -1))))) lines = lines.slice(1);
-  // A heading that repeats the title (a page's own <h1>) says nothing the row does not.
-  lines = lines.filter((l, i) => !(i === 0 && /^#+\s/.test(l) && l.replace(/^#+\s*/, "") === String(title ?? "").trim()));
-  const flat = lines.map((l) => (/^#+\s/.test(l) ? `${l.replace(/^#+\s*/, "")} ·` : l)).join(" ").replace(/\s+/g, " ").trim();
-  return flat.length > 160 ? `${flat.slice(0, 160).replace(/\s+\S*$/, "")}…` : flat;
 }
 
 /**

@@ -312,3 +312,26 @@ def test_a_save_shows_its_stage_with_a_bar_and_its_outcome_in_full_at_320px(brow
     _shots(panel, "save-done")
     browser.worker_eval("() => chrome.storage.session.remove('job:first-use')")
     panel.close()
+
+
+# -- 14: "Test this search" reads top-down and shows passages as the page reads -----------------------
+def test_test_this_search_rows_run_by_similarity_and_show_no_markdown(browser, models):
+    panel = _panel(browser, "__none__", {"Pool"}, width=400)
+    _ask(panel, "What should retry_limit be when pool_timeout is short?")
+    answer = _last_answer(panel)
+    answer.locator(".answer-meta").wait_for()
+    answer.locator("details.diag summary").click()
+    answer.get_by_role("button", name="Test this search in Pool").click()
+    panel.locator("#search-test .bar-row").first.wait_for()
+    rows = panel.evaluate("""() => [...document.querySelectorAll('#search-test .bar-row')].map((r) => ({
+        title: r.querySelector('.bar-title').textContent,
+        snippet: r.querySelector('.bar-snippet').textContent,
+        width: parseFloat(r.querySelector('.bar-fill').style.width)}))""")
+    widths = [r["width"] for r in rows]
+    # Before: rows in the fused order, bars up and down; snippets with `retry_limit` ticks.
+    assert widths == sorted(widths, reverse=True), rows
+    assert all("search rank" in r["title"] for r in rows), rows
+    assert not any(c in r["snippet"] for r in rows for c in "`*|"), rows
+    assert any("retry_limit" in r["snippet"] for r in rows), rows
+    _shots(panel, "search-test")
+    panel.close()

@@ -14,6 +14,7 @@ import {
   reportBadge,
   reportText,
   scoreBars,
+  passageSnippet,
   splitCitations,
   stepLine,
 } from "../render.js";
@@ -151,10 +152,28 @@ test("score bars share one scale and the cut-off line sits at its score", () => 
   assert.equal(layout.rows[0].label, "A · #1");
 });
 
+test("rows read in the order of the similarity they chart, each with its rank in the search", () => {
+  // The search's own order is fused (vector and keyword): its cosines are not monotone.
+  const hits = [
+    { title: "kw only", cosine: null, bm25: 3 },
+    { title: "B", cosine: 0.41 },
+    { title: "A", cosine: 0.72 },
+    { title: "C", cosine: 0.2 },
+  ];
+  const layout = scoreBars(hits, 0.35);
+  assert.deepEqual(layout.rows.map((r) => r.hit.title), ["A", "B", "C", "kw only"]);
+  assert.deepEqual(layout.rows.map((r) => r.rank), [3, 2, 4, 1]);
+});
+
+test("a passage's snippet reads as the page does, not as its Markdown", () => {
+  const text = "Pool settings\n## Retries\nSet `retry_limit` to **three**; see [the guide](https://x.test/g).\n| a | b |";
+  assert.equal(passageSnippet(text, "Pool settings"), "Retries · Set retry_limit to three; see the guide. a b");
+});
+
 test("negative cosines extend the scale below zero", () => {
   const layout = scoreBars([{ cosine: -0.25 }, { cosine: 0.75 }], 0.25);
   assert.equal(layout.min, -0.25);
-  assert.deepEqual(layout.rows.map((r) => r.pct), [0, 80]);
+  assert.deepEqual(layout.rows.map((r) => r.pct), [80, 0]);
   assert.equal(layout.cutoffPct, 40);
 });
 
