@@ -416,3 +416,47 @@ export function progressText(job) {
   if (typeof job.eta_s === "number" && Number.isFinite(job.eta_s)) parts.push(eta(job.eta_s));
   return parts.join(SEP);
 }
+
+/**
+ * What tells apart items whose labels would show the same prefix (chips, saves and picker rows
+ * truncate at the end): for each such group the first detail whose values differ (a host, a
+ * path, a passage number), or, where the labels differ only past the prefix, their differing
+ * ends. "" where the label alone tells an item apart.
+ * @param {{label: string, details: string[]}[]} items
+ * @param {number} [prefix] the characters a label shows before it is cut
+ * @returns {string[]}
+ */
+export function tellApart(items, prefix = 24) {
+  const out = items.map(() => "");
+  /** @type {Map<string, number[]>} */
+  const groups = new Map();
+  items.forEach((item, i) => {
+    const key = item.label.slice(0, prefix).toLowerCase();
+    groups.set(key, [...(groups.get(key) ?? []), i]);
+  });
+  for (const group of groups.values()) {
+    if (group.length < 2) continue;
+    const labels = group.map((i) => items[i].label);
+    if (new Set(labels).size === labels.length) {
+      let common = 0;
+      while (labels.every((l) => l[common] !== undefined && l[common] === labels[0][common])) common += 1;
+      const from = Math.max(0, labels[0].lastIndexOf(" ", common) + 1);
+      group.forEach((i) => {
+        const tail = items[i].label.slice(from);
+        out[i] = `…${tail.length > 24 ? `${tail.slice(0, 23)}…` : tail}`;
+      });
+      continue;
+    }
+    const depth = Math.max(...group.map((i) => items[i].details.length));
+    for (let d = 0; d < depth; d += 1) {
+      const values = group.map((i) => items[i].details[d] ?? "");
+      if (new Set(values).size > 1) {
+        group.forEach((i, j) => {
+          out[i] = values[j];
+        });
+        break;
+      }
+    }
+  }
+  return out;
+}

@@ -28,6 +28,7 @@ import {
   progressText,
   scoreBars,
   stepLine,
+  tellApart,
 } from "./render.js";
 
 const host = new NativeHost();
@@ -246,9 +247,10 @@ function renderKnowledgeBases(defaultKb) {
   const cloud = modelIsCloud();
   const model = currentModel();
   const filter = /** @type {HTMLInputElement} */ ($("kb-filter")).value.trim().toLowerCase();
-  const items = state.kbs
-    .filter((kb) => !filter || kb.name.toLowerCase().includes(filter))
-    .map((kb) => {
+  const shown = state.kbs.filter((kb) => !filter || kb.name.toLowerCase().includes(filter));
+  const kbsApart = tellApart(shown.map((kb) => ({ label: kb.name, details: [kb.origin === "team" ? `team ${kb.team ?? ""}` : "this computer"] })));
+  const items = shown
+    .map((kb, i) => {
       const id = `kb-${kb.id}`;
       const blocked = cloud && kb.privacy !== "cloud";
       const team = kb.origin === "team";
@@ -268,6 +270,7 @@ function renderKnowledgeBases(defaultKb) {
           },
         }),
         el("span", { class: "name", text: kb.name }),
+        kbsApart[i] ? el("span", { class: "apart muted", text: kbsApart[i] }) : null,
         team ? el("span", { class: "pill muted", text: "team", title: kb.team ? `From the team server ${kb.team}` : "From a team server" }) : null,
         el("span", { class: "count muted", text: `${kb.sources ?? 0} src` }),
         el("span", {
@@ -379,14 +382,16 @@ async function renderJobs() {
     $("grant-hint").textContent =
       "LocalKB could not tell which site this tab is on. Right-click the page and choose “Save page to LocalKB”: that lets it read this one page.";
   }
-  const rows = jobs.map((job) => {
+  const jobsApart = tellApart(jobs.map((job) => ({ label: String(job.title ?? ""), details: jobDetails(job) })));
+  const rows = jobs.map((job, i) => {
     const running = job.state === "capturing" || job.state === "saving";
     let kind = job.state;
     if (job.state === "done") kind = job.report?.failed ? "partial" : job.text === "unchanged" ? "unchanged" : "done";
     return el(
       "li",
       { class: `job ${kind}`, dataset: { job: job.id, state: job.state } },
-      el("span", { class: "title", text: job.title, title: job.url ?? job.title }),
+      el("span", { class: "title" }, el("span", { class: "t", text: job.title, title: job.url ?? job.title }),
+        jobsApart[i] ? el("span", { class: "d", text: jobsApart[i] }) : null),
       running
         ? el("button", {
             type: "button",
@@ -886,16 +891,16 @@ function renderFinal(block, turn, index) {
     turn.answer ? renderMarkdown(turn.answer, { citations, onCite: (n) => openPassage(byN.get(n)) }) : null,
   );
   block.answer.hidden = !turn.answer;
+  const apart = tellApart(citations.map((c) => ({ label: c.title || c.url || "passage", details: citationDetails(c) })));
   setChildren(
     block.sources,
-    ...citations.map((c) =>
-      el("button", {
-        type: "button",
-        class: "small",
-        text: `[${c.n}] ${c.title || c.url || "passage"}`,
-        title: `${c.kb_name ?? ""} · ${c.title ?? ""}`,
-        onclick: () => openPassage(c),
-      }),
+    ...citations.map((c, i) =>
+      el(
+        "button",
+        { type: "button", class: "small chip", title: `${c.kb_name ?? ""} · ${c.title ?? ""}${apart[i] ? ` · ${apart[i]}` : ""}`, onclick: () => openPassage(c) },
+        el("span", { class: "t", text: `[${c.n}] ${c.title || c.url || "passage"}` }),
+        apart[i] ? el("span", { class: "d", text: apart[i] }) : null,
+      ),
     ),
   );
   // Skipped and unavailable knowledge bases already have their own lines above.
@@ -932,6 +937,38 @@ function renderFinal(block, turn, index) {
   }
   actions.push(el("button", { type: "button", class: "link", text: "Regenerate", "aria-label": "Regenerate this answer", onclick: () => ask(turn.message, { replace: index }) }));
   setChildren(block.actions, ...actions);
+}
+
+/**
+ * What can tell a cited passage from another of the same title: its knowledge base, its site,
+ * its path (or file), its place in the source.
+ * @param {any} c
+ * @returns {string[]}
+ */
+function citationDetails(c) {
+  const details = [c.kb_name ?? ""];
+  try {
+    const url = new URL(c.url);
+    details.push(url.host, url.pathname.split("/").filter(Boolean).slice(-2).join("/"));
+  } catch {
+    details.push("", c.file_name ?? "");
+  }
+  if (Number.isInteger(c.chunk_index)) details.push(`passage ${c.chunk_index + 1}`);
+  return details;
+}
+
+/**
+ * What tells one save from another of the same title: its site, its path, its knowledge base.
+ * @param {any} job
+ * @returns {string[]}
+ */
+function jobDetails(job) {
+  try {
+    const url = new URL(job.url);
+    return [url.host, url.pathname.split("/").filter(Boolean).slice(-2).join("/"), job.kbName ?? ""];
+  } catch {
+    return ["", "", job.kbName ?? ""];
+  }
 }
 
 /**

@@ -15,6 +15,7 @@ import {
   reportText,
   scoreBars,
   passageSnippet,
+  tellApart,
   splitCitations,
   stepLine,
 } from "../render.js";
@@ -214,4 +215,26 @@ test("progress lines name the stage in words", () => {
     "Embedding 120 of 340 · source 2 of 5: manual.pdf · 85 passages · about 32 s left",
   );
   assert.equal(progressText({ state: "saving", stage: "embed", done: 1, total: 2, eta_s: 600 }), "Embedding 1 of 2 · about 10 min left");
+});
+
+test("items that would show the same prefix get what tells them apart", () => {
+  // Before: two chips "[1] Install guide" and "[2] Install guide" from two sites looked the same.
+  const out = tellApart([
+    { label: "Install guide", details: ["Docs", "a.example", "/v1/install", "passage 3"] },
+    { label: "Install guide", details: ["Docs", "b.example", "/v1/install", "passage 3"] },
+    { label: "Release notes", details: ["Docs", "a.example", "/notes", "passage 1"] },
+  ]);
+  assert.deepEqual(out, ["a.example", "b.example", ""]);
+  // same page, two passages
+  assert.deepEqual(
+    tellApart([{ label: "FAQ", details: ["Docs", "x.example", "/faq", "passage 2"] },
+      { label: "FAQ", details: ["Docs", "x.example", "/faq", "passage 7"] }]),
+    ["passage 2", "passage 7"],
+  );
+  // long names that differ only past what fits: their differing ends
+  assert.deepEqual(
+    tellApart([{ label: "Engineering handbook, platform team, 2024 edition", details: [] },
+      { label: "Engineering handbook, platform team, 2025 edition", details: [] }]),
+    ["…2024 edition", "…2025 edition"],
+  );
 });
