@@ -374,8 +374,19 @@ def h_chat(data: dict, ctx) -> dict:
     from localkb.answer.llm import load_config
 
     store = get_library()
-    kbs = req_kbs(data)
+    page_id = req_str(data, "page", required=False, max_len=100)
+    # With the open page, the knowledge bases beside it are optional.
+    kbs = req_kbs(data) if page_id is None or data.get("kbs") or data.get("kb") else []
     message = req_str(data, "message", max_len=8000)
+    page = None
+    if page_id is not None:
+        from localkb.answer.pagechat import mark_progress, mark_result, page_view, summarize
+
+        page = _page_shelf().require(page_id)
+        if req_bool(data, "summarize"):
+            return summarize(page).to_dict()
+        store = page_view(store, _page_shelf(), page_id, to_cloud=req_bool(data, "page_to_cloud"))
+        kbs = [*kbs, page_id]
     history = parse_history(data.get("history"))
     name = req_str(data, "endpoint", required=False, max_len=100)
     extractive = req_bool(data, "extractive")
@@ -432,11 +443,11 @@ def h_chat(data: dict, ctx) -> dict:
     # "Regenerate" asks for a new answer: the cached one is neither read nor replaced.
     result = run_turn(store, kbs, message, history=history, endpoint=endpoint, options=options,
                       cache=None if req_bool(data, "regenerate") else cache,
-                      on_step=lambda s: ctx.emit("step", s),
+                      on_step=lambda s: ctx.emit("step", mark_progress(s, page) if page else s),
                       on_token=lambda t: ctx.emit("token", {"text": t}), confirm=confirm,
                       cancel=ctx.cancelled,
                       on_provenance=lambda kbs: ctx.emit("provenance", {"kbs": kbs}))
-    return result.to_dict()
+    return (mark_result(result, page) if page else result).to_dict()
 
 
 def h_chat_confirm(data: dict, ctx) -> dict:
@@ -450,6 +461,41 @@ def h_chat_confirm(data: dict, ctx) -> dict:
         raise InvalidInput("'approve' must be true or false", detail={"field": "approve"})
     _, confirmations = _chat_shared()
     return {"delivered": confirmations.answer(target, call_id, approve)}
+
+
+# -- the open page (chat with a page without saving it) -------------------------------
+_pages = None
+
+
+def _page_shelf():
+    """The pages this host process holds in memory (``store.pagekb``), created on first use."""
+    global _pages  # noqa: PLW0603 - one shelf per host process: pages live as long as it does
+    with _store_lock:
+        if _pages is None:
+            from localkb.store.pagekb import PageShelf
+
+            _pages = PageShelf()
+        return _pages
+
+
+def h_page_open(data: dict, ctx) -> dict:
+    """Hold the open tab in memory, never on disk: its first part searchable, the rest in the background."""
+    page = _page_shelf().open(
+        get_store(), url=req_str(data, "url", required=False, max_len=8192),
+        title=req_str(data, "title", required=False, max_len=2000, allow_empty=True),
+        html=req_str(data, "html", required=False, max_len=MAX_TEXT),
+        text=req_str(data, "text", required=False, max_len=MAX_TEXT), pdf=b64_bytes(data, "pdf_base64"))
+    return page.status()
+
+
+def h_page_status(data: dict, ctx) -> dict:
+    """How much of a held page is searchable (``page_not_held`` once the host let it go)."""
+    return _page_shelf().require(req_str(data, "page", max_len=100)).status()
+
+
+def h_page_close(data: dict, ctx) -> dict:
+    """Let a page go (the panel's close button); its passages leave memory."""
+    return {"closed": _page_shelf().close(req_str(data, "page", max_len=100))}
 
 
 # -- portable knowledge bases and re-embedding ----------------------------------------
@@ -597,6 +643,9 @@ HANDLERS: dict[str, Handler] = {
     "config.check": h_config_check,
     "chat": h_chat,
     "chat.confirm": h_chat_confirm,
+    "page.open": h_page_open,
+    "page.status": h_page_status,
+    "page.close": h_page_close,
     "kb.export": h_kb_export,
     "kb.import": h_kb_import,
     "kb.reembed": h_kb_reembed,

@@ -1,0 +1,70 @@
+"""Chat with the open page: its turn's view of the store, its progress in the status line, its summary.
+
+The page itself is an in-memory knowledge base (``store.pagekb``); a chat turn over it is an
+ordinary ``run_turn`` over ``WithPages``, so the gate, the statuses and the citations are the
+ones every knowledge base gets. What is particular to a page lives here:
+
+- ``page_view``: the turn's store, with the page allowed to reach a cloud model only when the
+  request says so for this chat (``page_to_cloud``);
+- ``mark_progress``: a page still being embedded says how much of it was searched
+  ("This page: 40 of 300 pages searchable so far") in its status line and the turn's notes;
+- ``summarize``: "Summarize this page" without a model, an extractive summary (centroid
+  passages in page order, see ``OpenPage.summary_passages``), cited like any passage.
+"""
+
+from __future__ import annotations
+
+from localkb.answer.chat import ChatResult, _citation, _quote
+from localkb.retrieval.search import Hit, KBStatus, summary_line
+from localkb.store.base import KnowledgeStore
+from localkb.store.pagekb import PAGE_NAME, OpenPage, PageShelf, WithPages
+
+SUMMARY_LABEL = "Extractive summary (no model)"
+
+
+def page_view(store: KnowledgeStore, shelf: PageShelf, page_id: str, *, to_cloud: bool) -> WithPages:
+    """``store`` with the shelf's pages; ``page_id`` is ``cloud`` only on the chat's explicit allowance."""
+    shelf.require(page_id)
+    return WithPages(store, shelf, frozenset({page_id}) if to_cloud else frozenset())
+
+
+def mark_progress(status: dict, page: OpenPage) -> dict:
+    """The page's status line, with how much of it was searchable when it was searched."""
+    if status.get("kb") == page.id and page.partial:
+        status["line"] = f"{status['line']} · {page.status()['line'].removeprefix(PAGE_NAME + ': ')}"
+    return status
+
+
+def mark_result(result: ChatResult, page: OpenPage) -> ChatResult:
+    """``mark_progress`` for a finished turn, and a note that the rest was not searched yet."""
+    result.statuses = [mark_progress(s, page) for s in result.statuses]
+    if page.partial and any(s.get("kb") == page.id for s in result.statuses):
+        result.notes.append(f"{page.status()['line']}: the rest of it was not searched.")
+    return result
+
+
+def _hit(page: OpenPage, i: int) -> Hit:
+    p = page.passages[i]
+    return Hit(kb=page.id, kb_name=PAGE_NAME, chunk_id=p.id, source_id=page.source_id,
+               title=page.title, url=page.url, file_name=None, chunk_index=p.idx,
+               chunk_count=page.total_known, page=p.page, text=p.text, score=1.0, cosine=None,
+               bm25=None, matched_terms=0, lists=["summary"])
+
+
+def summarize(page: OpenPage) -> ChatResult:
+    """The page's extractive summary: its most central passages, quoted in page order with citations."""
+    chosen = [_hit(page, i) for i in page.summary_passages()]
+    lines = [f"{SUMMARY_LABEL}: the passages that best stand for the page, in page order.", ""]
+    for n, hit in enumerate(chosen, start=1):
+        where = f" (page {hit.page})" if hit.page else ""
+        lines.append(f"[{n}] “{_quote(hit.text)}”{where}")
+    status = KBStatus(page.id, PAGE_NAME, "passages", count=len(chosen),
+                      message=f"{len(chosen)} passages chosen for the summary")
+    statuses = [mark_progress(status.to_dict(), page)]
+    notes = [f"{page.status()['line']}: the summary covers only that part."] if page.partial else []
+    return ChatResult(
+        answer="\n".join(lines).rstrip(), generated=False,
+        citations=[_citation(n, h) for n, h in enumerate(chosen, start=1)], removed_citations=[],
+        ungrounded=False, rewritten_query=None, statuses=statuses, model=None,
+        trace={"kind": "summary", "passages": len(chosen)}, notes=notes, kbs=[page.id],
+        summary=summary_line(statuses), answer_line=SUMMARY_LABEL)
