@@ -15,6 +15,7 @@ import { sourceLink } from "./fragments.js";
 import { rememberKnowledgeBases } from "./kbs.js";
 import { copyText, ready as markdownReady, renderMarkdown } from "./markdown.js";
 import { HostError, NativeHost } from "./native.js";
+import { initPageChat, pageRequest, resetPageChat } from "./pagechat.js";
 import {
   canTestSearch,
   canUseWeaker,
@@ -93,6 +94,7 @@ async function connect() {
   await restoreChat();
   await renderJobs();
   setReady(true);
+  initPageChat({ host, ask, currentModel, flash: flashNotice });
   if (document.activeElement === document.body) $("question").focus();
 }
 
@@ -471,6 +473,7 @@ async function saveChat() {
 async function startNewChat() {
   if (state.asking) return;
   state.chat = newChat();
+  resetPageChat(); // the page's cloud allowance is given per chat
   await chats.setCurrent(state.chat.id);
   renderChat();
   $("question").focus();
@@ -652,7 +655,7 @@ function historyBefore(upTo) {
 /**
  * Ask (or ask again) a question, streaming the answer into the conversation.
  * @param {string} message
- * @param {{weakerKbs?: string[], replace?: number, keepAfter?: boolean, continueFrom?: string, continueKbs?: string[]}} [options]
+ * @param {{weakerKbs?: string[], replace?: number, keepAfter?: boolean, continueFrom?: string, continueKbs?: string[], summarize?: boolean, pageId?: string}} [options]
  *   replace: index of the turn to answer again; continueFrom: the stopped answer to continue,
  *   continueKbs: its provenance (the host's `provenance` event); without it the host treats the
  *   text as device only
@@ -662,7 +665,12 @@ async function ask(message, options = {}) {
   const kbs = options.replace !== undefined && options.keepAfter !== false
     ? state.chat.turns[options.replace].kbs
     : [...state.selected];
-  if (!kbs.length) {
+  // The open page (pagechat.js), searched beside the knowledge bases when one is attached.
+  const page = await pageRequest(options.pageId).catch((err) => {
+    flashNotice(`This page could not be read again: ${err.message}`);
+    return null;
+  });
+  if (!kbs.length && !page) {
     flashNotice("Pick at least one knowledge base to ask (Ask in, above the question box).");
     return;
   }
@@ -696,7 +704,10 @@ async function ask(message, options = {}) {
   let frame = 0;
   let requestId = "";
   /** @type {Record<string, any>} */
-  const data = { kbs, message, history };
+  const data = { message, history };
+  if (kbs.length) data.kbs = kbs;
+  if (page) Object.assign(data, page);
+  if (options.summarize) data.summarize = true;
   if (endpoint) data.endpoint = endpoint;
   else if (state.endpoints.length) data.extractive = true; // chosen; without endpoints the host says so itself
   if (turn.weakerKbs?.length) data.use_weaker_matches = turn.weakerKbs;
@@ -719,7 +730,7 @@ async function ask(message, options = {}) {
           if (old) old.replaceWith(li);
           else block.steps.append(li);
           stepsByKb.set(payload.kb, li);
-          block.summary.textContent = `Searching… ${stepsByKb.size} of ${kbs.length} done`;
+          block.summary.textContent = `Searching… ${stepsByKb.size} of ${kbs.length + (page ? 1 : 0)} done`;
           renderAlerts(block, [...stepsByKb.keys()].map((k) => stepsByKb.get(k).__status), turn, index);
         } else if (event === "provenance") {
           // Every knowledge base that reached the prompt, sent before the first token: a turn

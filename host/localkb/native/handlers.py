@@ -287,8 +287,14 @@ def h_search(data: dict, ctx) -> dict:
                                or not -1.0 <= cutoff <= 1.0):
         raise InvalidInput("'cutoff' must be a number from -1 to 1 (a cosine)",
                            detail={"field": "cutoff"})
-    res = Searcher(get_library()).search(
-        req_kbs(data), req_str(data, "query", max_len=4000), k=req_int(data, "k", 8, lo=1, hi=100),
+    store = get_library()
+    kbs = req_kbs(data)
+    if any(k.startswith("page_") for k in kbs):  # the open page ("Test this search in This page")
+        from localkb.store.pagekb import WithPages
+
+        store = WithPages(store, _page_shelf())
+    res = Searcher(store).search(
+        kbs, req_str(data, "query", max_len=4000), k=req_int(data, "k", 8, lo=1, hi=100),
         mode=req_str(data, "mode", required=False) or "hybrid", cutoff=cutoff,
         per_source=req_int(data, "per_source", 0, lo=0, hi=100) or None)
     out = res.to_dict()
