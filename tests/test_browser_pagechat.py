@@ -196,7 +196,7 @@ def test_chat_with_an_unsaved_page_cites_this_page_and_stores_nothing(browser, p
     page_tab.close()
 
 
-def test_summarize_without_a_model_is_a_labelled_extractive_summary_with_citations(browser, pages, notes, home):
+def test_summarize_without_a_model_is_a_labelled_extractive_summary_with_citations(browser, pages, home):
     before = _sources(home)
     panel, _tab, page_tab = _panel_beside(browser, pages)
     panel.click("#page-summarize")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import sys
 import threading
 from collections.abc import Callable, Mapping
@@ -447,12 +448,14 @@ def h_chat(data: dict, ctx) -> dict:
         return confirmations.wait(ctx.id, request["call_id"], ctx.cancelled, timeout=timeout)
 
     # "Regenerate" asks for a new answer: the cached one is neither read nor replaced.
-    result = run_turn(store, kbs, message, history=history, endpoint=endpoint, options=options,
-                      cache=None if req_bool(data, "regenerate") else cache,
-                      on_step=lambda s: ctx.emit("step", mark_progress(s, page) if page else s),
-                      on_token=lambda t: ctx.emit("token", {"text": t}), confirm=confirm,
-                      cancel=ctx.cancelled,
-                      on_provenance=lambda kbs: ctx.emit("provenance", {"kbs": kbs}))
+    # An open page's background embedding waits while the turn searches it (``in_use``).
+    with page.in_use() if page else contextlib.nullcontext():
+        result = run_turn(store, kbs, message, history=history, endpoint=endpoint, options=options,
+                          cache=None if req_bool(data, "regenerate") else cache,
+                          on_step=lambda s: ctx.emit("step", mark_progress(s, page) if page else s),
+                          on_token=lambda t: ctx.emit("token", {"text": t}), confirm=confirm,
+                          cancel=ctx.cancelled,
+                          on_provenance=lambda kbs: ctx.emit("provenance", {"kbs": kbs}))
     return (mark_result(result, page) if page else result).to_dict()
 
 

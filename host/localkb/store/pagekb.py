@@ -29,6 +29,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,8 +48,8 @@ from localkb.store.vectors import VectorHits
 PAGE_NAME = "This page"
 #: Passages embedded before ``page.open`` answers; the rest follow in the background.
 FIRST_PASSAGES = 48
-#: Passages per background embedding batch (small, so a question waits little for the model).
-BATCH = 16
+#: Passages per background embedding batch (small: a question waits at most one for the model).
+BATCH = 8
 #: Pages a host process holds at once, and passages across them; the least recently used go.
 MAX_PAGES = 8
 MAX_PASSAGES = 40_000
@@ -179,6 +180,9 @@ class OpenPage:
         self.lengths: list[int] = []
         self.searchable = 0
         self.error: str | None = None
+        #: Turns searching the page now: the background starts no batch while there are any.
+        self._readers = 0
+        self._idle = threading.Condition()
         self._chunks = chunks
         self._read_all = False
 
@@ -226,10 +230,25 @@ class OpenPage:
         if self._read_all and self.searchable == len(self.passages):
             self.done.set()
 
+    @contextmanager
+    def in_use(self) -> Iterator[None]:
+        """While a turn searches the page, the background embedding waits (the model and the
+        CPU are the question's): at most one small batch is under way when it starts."""
+        with self._idle:
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._idle:
+                self._readers -= 1
+                self._idle.notify_all()
+
     def rest(self) -> None:
         """The background part: read and embed the rest, a small batch at a time."""
         try:
             while not self.stop.is_set():
+                with self._idle:
+                    self._idle.wait_for(lambda: self._readers == 0 or self.stop.is_set())
                 self._read(self.searchable + BATCH)
                 if not self._embed_next(BATCH):
                     break
