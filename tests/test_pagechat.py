@@ -51,6 +51,20 @@ def _sources(home: Path) -> int:
         con.close()
 
 
+def _catalogue_mentions(home: Path, needle: str) -> list[str]:
+    """Tables of the catalogue with a row holding ``needle`` anywhere (the query log included)."""
+    db = home / "catalog.sqlite"
+    if not db.exists():
+        return []
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        return [t for t in tables if any(needle in json.dumps(list(row), default=str)
+                                         for row in con.execute(f'SELECT * FROM "{t}"'))]
+    finally:
+        con.close()
+
+
 def _until_done(host: HostProcess, page_id: str, first: int) -> list[dict]:
     """``page.status`` until the page is all searchable (a hang guard, never a timing check)."""
     seen, n, deadline = [], first, time.monotonic() + 300
@@ -87,6 +101,7 @@ def test_a_long_pdf_is_searchable_part_first_then_whole_and_never_stored(tmp_pat
         assert first["url"] == "http://127.0.0.1:9/catalogue.pdf"
         assert answer["kbs"] == [opened["page_id"]]
     assert _sources(home) == 0
+    assert _catalogue_mentions(home, "shut-off lever") == []
 
 
 def test_a_page_the_host_no_longer_holds_is_an_error_with_its_code(tmp_path):
@@ -106,7 +121,13 @@ def test_summarize_without_a_model_is_a_labelled_extractive_summary(tmp_path):
         assert out["answer"].startswith("Extractive summary (no model)")
         assert out["citations"] and all(c["kb_name"] == "This page" for c in out["citations"])
         assert "[1]" in out["answer"] and "HARBOUR-8812" in out["answer"]
+        # Explain quotes the selection in its question: that question is not logged either.
+        explained = _ok(host, 3, "chat", {"page": opened["page_id"], "extractive": True,
+                                          "message": "Explain this passage from the page: “door code "
+                                                     "for the meeting room is HARBOUR-8812”"})
+        assert explained["citations"][0]["kb_name"] == "This page"
     assert _sources(tmp_path) == 0
+    assert _catalogue_mentions(tmp_path, "HARBOUR-8812") == []
 
 
 def _fake_reply(request: dict) -> str:

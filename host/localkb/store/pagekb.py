@@ -526,7 +526,12 @@ class WithPages(KnowledgeStore):
         self.inner.log_error(source, code, message, kb_id=kb_id, ref=ref, detail=detail)
 
     def log_query(self, kind: str, query: str, kb_ids: list[str], trace: dict[str, Any]) -> None:
-        self.inner.log_query(kind, query, [k for k in kb_ids if not k.startswith("page_")], trace)
+        """Not logged when the turn searched a page: its question may quote the page ("Explain
+        this passage …") and its trace names what was found there, and the page is never
+        written to disk."""
+        if any(k.startswith("page_") for k in kb_ids):
+            return
+        self.inner.log_query(kind, query, kb_ids, trace)
 
     def confirm_privacy(self) -> None:
         self.inner.confirm_privacy()
