@@ -168,3 +168,29 @@ def test_a_cloud_model_gets_the_page_only_when_the_chat_allows_it(tmp_path):
                               "message": "And what about lunch?", "history": history})
         assert llm.requests and "HARBOUR-8812" not in json.dumps(llm.requests)
     assert _sources(tmp_path) == 0
+
+
+def test_summarize_with_a_model_is_generated_only_where_the_gate_lets_the_page_go(tmp_path):
+    def reply(request: dict) -> str:
+        prompt = json.dumps(request.get("messages", []))
+        return "The offsite is at the lighthouse hotel [1]." if "lighthouse hotel" in prompt else "?"
+
+    with FakeLLM(reply_fn=reply) as llm, _host(tmp_path) as host:
+        _ok(host, 1, "config.set", {"endpoints": [
+            {"name": "local", "base_url": llm.base_url, "model": "m"},
+            {"name": "cloudy", "base_url": llm.base_url, "model": "m", "mark_cloud": True}],
+            "default_endpoint": "local"})
+        page = _ok(host, 2, "page.open", {"url": "http://127.0.0.1:9/offsite.html",
+                                          "html": SECRET_HTML})["page_id"]
+        ask = {"page": page, "message": "Summarize this page", "summarize": True}
+        local = _ok(host, 3, "chat", {**ask, "endpoint": "local"})
+        assert local["generated"] and local["answer"] == "The offsite is at the lighthouse hotel [1]."
+        assert local["answer_line"] == "Summarized by local · m · on this device"
+        assert local["citations"][0]["kb_name"] == "This page" and local["kbs"] == [page]
+        sent = len(llm.requests)
+        cloud = _ok(host, 4, "chat", {**ask, "endpoint": "cloudy"})
+        assert len(llm.requests) == sent  # the page is device only here: nothing went
+        assert cloud["answer_line"] == "Extractive summary (no model)" and not cloud["generated"]
+        assert "This page was not sent to cloudy: device only, cloudy is a cloud model." in cloud["notes"]
+        allowed = _ok(host, 5, "chat", {**ask, "endpoint": "cloudy", "page_to_cloud": True})
+        assert allowed["generated"] and "lighthouse hotel" in json.dumps(llm.requests[sent:])

@@ -390,8 +390,6 @@ def h_chat(data: dict, ctx) -> dict:
         from localkb.answer.pagechat import mark_progress, mark_result, page_view, summarize
 
         page = _page_shelf().require(page_id)
-        if req_bool(data, "summarize"):
-            return summarize(page).to_dict()
         store = page_view(store, _page_shelf(), page_id, to_cloud=req_bool(data, "page_to_cloud"))
         kbs = [*kbs, page_id]
     history = parse_history(data.get("history"))
@@ -407,6 +405,10 @@ def h_chat(data: dict, ctx) -> dict:
     else:
         weaker_kbs = ()
         weaker = req_bool(data, "use_weaker_matches")
+    if page is not None and req_bool(data, "summarize"):
+        with page.in_use():
+            return summarize(store, page, endpoint, on_token=lambda t: ctx.emit("token", {"text": t}),
+                             cancel=ctx.cancelled).to_dict()
     # A stopped answer to continue is an assistant turn like any in the history.
     continued = parse_continuation(data)
     options = ChatOptions(k=req_int(data, "k", 8, lo=1, hi=50), use_weaker_matches=weaker,
