@@ -62,6 +62,7 @@ const $ = (id) => document.getElementById(id);
  * @property {any[]} [tool_calls]
  * @property {boolean} [stopped]
  * @property {{code: string, message: string}} [error]
+ * @property {boolean} [summarize] the open page's summary (pagechat.js), not a question
  */
 
 const state = {
@@ -681,6 +682,9 @@ async function ask(message, options = {}) {
   const endpoint = state.endpoint === NO_MODEL ? null : state.endpoint;
   /** @type {Turn} */
   const turn = { message, kbs, endpoint, weakerKbs: options.weakerKbs ?? [] };
+  // A summary asked again (Regenerate, Try again) is a summary again.
+  const summarize = options.summarize ?? (options.replace !== undefined && Boolean(state.chat.turns[options.replace]?.summarize));
+  if (summarize) turn.summarize = true;
   const block = assistantBlock();
   if (options.replace === undefined) {
     box.append(userBlock(turn, index), block.root);
@@ -707,7 +711,7 @@ async function ask(message, options = {}) {
   const data = { message, history };
   if (kbs.length) data.kbs = kbs;
   if (page) Object.assign(data, page);
-  if (options.summarize) data.summarize = true;
+  if (summarize) data.summarize = true;
   if (endpoint) data.endpoint = endpoint;
   else if (state.endpoints.length) data.extractive = true; // chosen; without endpoints the host says so itself
   if (turn.weakerKbs?.length) data.use_weaker_matches = turn.weakerKbs;

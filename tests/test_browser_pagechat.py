@@ -91,6 +91,8 @@ def notes(browser: ExtensionBrowser) -> dict:
 
 
 def _sources(home: Path) -> int:
+    if not (home / "catalog.sqlite").exists():
+        return 0  # no store yet: nothing written
     return catalog_rows(home, "SELECT count(*) AS n FROM sources")[0]["n"]
 
 
@@ -128,9 +130,11 @@ def _attach(panel) -> None:
 
 
 def _ask(panel, question: str):
+    """Ask, and wait for this question's own answer (the panel first makes sure of the page)."""
+    before = panel.locator(".turn-assistant").count()
     panel.fill("#question", question)
     panel.press("#question", "Enter")
-    answer = panel.locator(".turn-assistant").last
+    answer = panel.locator(".turn-assistant").nth(before)
     answer.locator(".answer-meta span").first.wait_for()
     return answer
 
@@ -210,6 +214,12 @@ def test_summarize_without_a_model_is_a_labelled_extractive_summary_with_citatio
     assert "This page" in panel.locator("#passage-facts").inner_text()
     panel.locator("#passage-card [data-close]").click()
     _shots(panel, "summary")
+    panel.evaluate("() => { document.querySelector('.turn-assistant').dataset.old = 'yes'; }")
+    answer.get_by_role("button", name="Ask this question again").click()  # Regenerate
+    panel.wait_for_selector(".turn-assistant:not([data-old]) .answer-meta span")
+    assert panel.locator(".turn-assistant").count() == 1
+    meta = panel.locator(".turn-assistant .answer-meta").inner_text()
+    assert meta.startswith("Extractive summary (no model)"), meta
     assert _sources(home) == before
     panel.close()
     page_tab.close()

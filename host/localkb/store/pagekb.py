@@ -82,7 +82,9 @@ class PageLegs(Legs):
             self.lengths = page.lengths[: self.n]
 
     def _holding(self, term: str) -> dict[int, list[int]]:
-        return {i: pos for i, pos in self.postings.get(term, {}).items() if i < self.n}
+        with self.page.lock:  # the background may be adding passages to this term's postings
+            held = list(self.postings.get(term, {}).items())
+        return {i: pos for i, pos in held if i < self.n}
 
     def is_empty(self) -> bool:
         return self.n == 0
