@@ -235,5 +235,10 @@ function render(working) {
   $("page-progress").hidden = !page;
   if (!page) $("page-saved").hidden = true;
   renderAllowance();
+  const box = /** @type {HTMLTextAreaElement} */ ($("question"));
+  box.dataset.placeholder ??= box.placeholder;
+  box.placeholder = page
+    ? "Ask about this page…  (Enter to send, Shift+Enter for a new line)"
+    : /** @type {string} */ (box.dataset.placeholder);
   document.body.dataset.page = page ? (page.done ? "ready" : "reading") : "none";
 }
