@@ -15,6 +15,7 @@ import { sourceLink } from "./fragments.js";
 import { rememberKnowledgeBases } from "./kbs.js";
 import { copyText, ready as markdownReady, renderMarkdown } from "./markdown.js";
 import { HostError, NativeHost } from "./native.js";
+import { initPageChat, pageRequest, resetPageChat } from "./pagechat.js";
 import {
   canTestSearch,
   canUseWeaker,
@@ -64,6 +65,7 @@ const $ = (id) => document.getElementById(id);
  * @property {boolean} [stopped]
  * @property {{code: string, message: string}} [error]
  * @property {{endpoint: string, code: string, message: string} | null} [model_error] the model was asked and failed
+ * @property {boolean} [summarize] the open page's summary (pagechat.js), not a question
  */
 
 const state = {
@@ -100,6 +102,7 @@ async function connect() {
   await restoreChat();
   await renderJobs();
   setReady(true);
+  initPageChat({ host, ask, currentModel, flash: flashNotice });
   if (document.activeElement === document.body) $("question").focus();
 }
 
@@ -501,6 +504,7 @@ async function saveChat() {
 async function startNewChat() {
   if (state.asking) return;
   state.chat = newChat();
+  resetPageChat(); // the page's cloud allowance is given per chat
   await chats.setCurrent(state.chat.id);
   renderChat();
   $("question").focus();
@@ -682,7 +686,7 @@ function historyBefore(upTo) {
 /**
  * Ask (or ask again) a question, streaming the answer into the conversation.
  * @param {string} message
- * @param {{weakerKbs?: string[], replace?: number, keepAfter?: boolean, continueFrom?: string, continueKbs?: string[]}} [options]
+ * @param {{weakerKbs?: string[], replace?: number, keepAfter?: boolean, continueFrom?: string, continueKbs?: string[], summarize?: boolean, pageId?: string}} [options]
  *   replace: index of the turn to answer again; continueFrom: the stopped answer to continue,
  *   continueKbs: its provenance (the host's `provenance` event); without it the host treats the
  *   text as device only
@@ -692,7 +696,12 @@ async function ask(message, options = {}) {
   const kbs = options.replace !== undefined && options.keepAfter !== false
     ? state.chat.turns[options.replace].kbs
     : [...state.selected];
-  if (!kbs.length) {
+  // The open page (pagechat.js), searched beside the knowledge bases when one is attached.
+  const page = await pageRequest(options.pageId).catch((err) => {
+    flashNotice(`This page could not be read again: ${err.message}`);
+    return null;
+  });
+  if (!kbs.length && !page) {
     flashNotice("Pick at least one knowledge base to ask (Ask in, above the question box).");
     return;
   }
@@ -703,6 +712,9 @@ async function ask(message, options = {}) {
   const endpoint = state.endpoint === NO_MODEL ? null : state.endpoint;
   /** @type {Turn} */
   const turn = { message, kbs, endpoint, weakerKbs: options.weakerKbs ?? [] };
+  // A summary asked again (Regenerate, Try again) is a summary again.
+  const summarize = options.summarize ?? (options.replace !== undefined && Boolean(state.chat.turns[options.replace]?.summarize));
+  if (summarize) turn.summarize = true;
   const block = assistantBlock();
   if (options.replace === undefined) {
     box.append(userBlock(turn, index), block.root);
@@ -742,7 +754,10 @@ async function ask(message, options = {}) {
   };
   let requestId = "";
   /** @type {Record<string, any>} */
-  const data = { kbs, message, history };
+  const data = { message, history };
+  if (kbs.length) data.kbs = kbs;
+  if (page) Object.assign(data, page);
+  if (summarize) data.summarize = true;
   if (endpoint) data.endpoint = endpoint;
   else if (state.endpoints.length) data.extractive = true; // chosen; without endpoints the host says so itself
   if (turn.weakerKbs?.length) data.use_weaker_matches = turn.weakerKbs;
@@ -765,9 +780,9 @@ async function ask(message, options = {}) {
           if (old) old.replaceWith(li);
           else block.steps.append(li);
           stepsByKb.set(payload.kb, li);
-          if (waiting === 0) block.summary.textContent = `Searching… ${stepsByKb.size} of ${kbs.length} done`;
+          if (waiting === 0) block.summary.textContent = `Searching… ${stepsByKb.size} of ${kbs.length + (page ? 1 : 0)} done`;
           renderAlerts(block, [...stepsByKb.keys()].map((k) => stepsByKb.get(k).__status), turn, index);
-          if (stepsByKb.size >= kbs.length) startWaiting();
+          if (stepsByKb.size >= kbs.length + (page ? 1 : 0)) startWaiting();
         } else if (event === "provenance") {
           // Every knowledge base that reached the prompt, sent before the first token: a turn
           // stopped mid-stream keeps it, so its text goes on only where the gate allows.
