@@ -37,6 +37,7 @@ from __future__ import annotations
 import atexit
 import base64
 import binascii
+import contextlib
 import gzip
 import hashlib
 import json
@@ -69,7 +70,7 @@ from localkb.errors import (
     LimitExceeded,
 )
 from localkb.ingest.chunk import passage_text
-from localkb.perms import private_dir
+from localkb.perms import create_private_file
 from localkb.portable import envelope
 from localkb.staging import Staging
 from localkb.store.base import KnowledgeBaseHandle, KnowledgeStore
@@ -867,7 +868,8 @@ class Uploads:
     leaving less than ``min_free`` bytes free (``limit_exceeded``). Parts must come in order
     (index 0, 1, ...). An upload is dropped on commit, on abort, when the process exits, when
     it has had no part for ``idle_seconds`` (its slot is freed for others), and (for a host that
-    was killed) when a later host starts one and finds it a day old.
+    was killed) when a later host starts one and finds it a day old. The folder goes with the
+    last upload, so a refused or aborted one leaves nothing in the data directory.
     """
 
     STALE_SECONDS = 24 * 3600
@@ -886,8 +888,8 @@ class Uploads:
         atexit.register(self.drop_all)
 
     def begin(self) -> str:
-        private_dir(self.dir)
-        self._sweep()
+        if self.dir.is_dir():
+            self._sweep()
         with self._lock:
             self._expire()
             if len(self._open) >= self.max_open:
@@ -896,7 +898,7 @@ class Uploads:
                                detail={"limit": "uploads", "max": self.max_open})
             upload = "up_" + uuid.uuid4().hex[:16]
             path = self.dir / f"{upload}.part"
-            path.touch(mode=0o600)
+            os.close(create_private_file(path))
             self._open[upload] = {"path": path, "next": 0, "bytes": 0, "seen": time.monotonic()}
         return upload
 
@@ -956,6 +958,8 @@ class Uploads:
         if up is None:
             return False
         up["path"].unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # not empty: another upload is open
+            self.dir.rmdir()
         return True
 
     def drop_all(self) -> None:
