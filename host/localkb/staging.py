@@ -83,3 +83,8 @@ class Staging:
                 swept.append(name)
         return swept
 
+
+def import_staging(data_dir: Path) -> Staging:
+    """Where ``.awkb`` imports stage their rows: ``<data dir>/imports`` of the local store or of a
+    team server, swept when either starts (a killed import's files go with it)."""
+    return Staging(Path(data_dir) / "imports")

@@ -39,7 +39,7 @@ from localkb.errors import (
 from localkb.ingest.chunk import passage_text
 from localkb.locks import FileLock, StripedLocks
 from localkb.perms import private_dir, tighten
-from localkb.staging import Staging
+from localkb.staging import import_staging
 from localkb.store import ingest_staging
 from localkb.store import keyword_engine as keyword_engine_mod
 from localkb.store.base import (
@@ -131,7 +131,7 @@ class Store(KnowledgeStore):
         tighten(self.root)
         # What a killed import left (its staging files; the catalogue never saw it) and the
         # temporary files of index saves a kill cut short go now.
-        Staging(self.root / "imports").sweep()
+        import_staging(self.root).sweep()
         sweep_tmp(self.root, self.root / "kbs")
         self.catalog = Catalog(self.root / "catalog.sqlite")
         self.lock = FileLock(self.root / "store.lock")
