@@ -200,7 +200,7 @@ def test_a_cli_reembed_killed_at_each_stage_leaves_doctor_clean_and_nothing_behi
     origin = Store(settings)
     origin.create_kb("Big", model=HASHING)
     big = origin.open_kb("Big")
-    for i in range(30):  # 600 passages: the MiniLM run takes seconds
+    for i in range(20):  # 400 passages: the MiniLM run takes seconds
         _add(big, i, " ".join(f"{FACTS[(i + j) % len(FACTS)]} Document {i} part {j}." * 6
                               for j in range(20)))
     kb_id = big.id
@@ -240,12 +240,15 @@ def test_a_cli_reembed_killed_at_each_stage_leaves_doctor_clean_and_nothing_behi
             landed = _kill_when(proc, lambda reached=reached, one=one, home=home: reached(one, home))
         finally:
             db.close()
-        report = json.loads(run_cli(["doctor", "--json"], home).stdout)
+        checked = run_cli(["doctor", "--json"], home)
+        report = json.loads(checked.stdout)
+        unclean.extend((stage, landed, k["problems"]) for k in report["knowledge_bases"] if k["problems"])
+        if checked.returncode != 0:
+            unclean.append((stage, landed, f"doctor exited {checked.returncode}"))
         store = Store(Settings.from_env({"LOCALKB_HOME": str(home),
                                          "LOCALKB_MODEL_DIR": os.environ["LOCALKB_MODEL_DIR"]}))
         try:
             model = store.resolve("Big").model
-            unclean.extend((stage, landed, k["problems"]) for k in report["knowledge_bases"] if k["problems"])
             _usable(store, kb_id, "glaciers carve valleys")  # the first open builds what is missing
             other = HASHING if model == MINILM else MINILM
             left = [n for n in files(home) if f"vectors-{other}" in n or n.endswith(".tmp")]
