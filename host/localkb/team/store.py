@@ -25,10 +25,12 @@ filter, so a name held only above the user's clearance is missing for that user.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 from psycopg import sql
@@ -43,6 +45,7 @@ from localkb.errors import (
     KnowledgeBaseNotFound,
     ModelMismatch,
     SourceNotFound,
+    TeamUnavailable,
 )
 from localkb.ingest.chunk import passage_text
 from localkb.store.analysis import analyze
@@ -77,6 +80,10 @@ MAX_EF_SEARCH = 1000
 #: Rows the iterative scan may visit before giving up (pgvector's default is 20,000).
 MAX_SCAN_TUPLES = 40_000
 MAX_LEXEME_BYTES = 2046  # PostgreSQL's limit for one lexeme is 2 KB
+#: Which of several sources at one key (URL or path) a writer's add, change or removal reaches,
+#: among those they may see: their own, then the most restricted, then the oldest. A source
+#: above their clearance is never among them (``TeamKnowledgeBase.source_id_for``).
+_REACH_ORDER = "added_by = %s DESC, access_level DESC, added_at, id"
 
 
 def _quote(term: str) -> str:
@@ -197,8 +204,7 @@ class AdvisoryLocks(ItemLocks):
             if k in self._held:  # the job's own hold (a key sharing the hash shares it, as stripes do)
                 self._held[k] += 1
                 return True
-            row = self._connection().execute("SELECT pg_try_advisory_lock(%s, %s)",
-                                             (self.NAMESPACE, k)).fetchone()
+            row = self._run("SELECT pg_try_advisory_lock(%s, %s)", k).fetchone()
             if not row[0]:
                 return False
             self._held[k] = 1
@@ -212,7 +218,24 @@ class AdvisoryLocks(ItemLocks):
             self._held[k] -= 1
             if self._held[k] == 0:
                 del self._held[k]
-                self._conn.execute("SELECT pg_advisory_unlock(%s, %s)", (self.NAMESPACE, k))
+                with contextlib.suppress(TeamUnavailable):  # a lost session took its locks with it
+                    self._run("SELECT pg_advisory_unlock(%s, %s)", k)
+
+    def _run(self, statement: str, k: int):
+        """One statement on the lock session; a lost session is forgotten with its locks, and
+        its error mapped as every other team database error is."""
+        import psycopg
+
+        from localkb.team.db import mapped
+
+        try:
+            return self._connection().execute(statement, (self.NAMESPACE, k))
+        except psycopg.Error as err:
+            self._held.clear()
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+            raise mapped(err) from err
 
     def release_all(self) -> None:
         with self._mutex:
@@ -231,6 +254,8 @@ def _record(row: dict) -> KBRecord:
 
 class TeamStore(KnowledgeStore):
     """The team database as one user sees it (``Access.system()``: the server's own view)."""
+
+    history_is_local = False  # a chat's history comes from the client's machine
 
     def __init__(self, db: Database, settings: Settings, access: Access, *,
                  models: EmbedderRegistry | None = None, write_level: int | None = None) -> None:
@@ -296,6 +321,17 @@ class TeamStore(KnowledgeStore):
 
     def create_kb(self, name: str, *, privacy: str = "device", model: str | None = None,
                   default_access: int = 0) -> KBRecord:
+        return self._create(name, privacy=privacy, model=model, default_access=default_access)
+
+    def create_imported(self, name: str, *, privacy: str, model: str, sources: Sequence[dict],
+                        chunks: Sequence[dict], vectors: np.ndarray) -> KBRecord:
+        """A new knowledge base holding an archive's rows, made in one transaction: a kill
+        leaves it whole or absent, never listed half-filled."""
+        return self._create(name, privacy=privacy, model=model, default_access=0,
+                            fill=lambda conn, kb: kb._insert_rows(conn, sources, chunks, vectors))
+
+    def _create(self, name: str, *, privacy: str, model: str | None, default_access: int,
+                fill: Callable[[Any, TeamKnowledgeBase], None] | None = None) -> KBRecord:
         from localkb.store.kb import check_name
 
         require_admin(self.access)
@@ -304,13 +340,16 @@ class TeamStore(KnowledgeStore):
             raise InvalidInput(f"privacy must be 'device' or 'cloud', not {privacy!r}")
         spec = self.models.spec(model or self.settings.default_model)
         kb_id = "tkb_" + uuid.uuid4().hex[:12]
+        self._ensure_vector_index(spec.dim)  # first: its rows are written beside the index
         with self.db.tx() as conn:
             if conn.execute("SELECT 1 FROM kbs WHERE lower(name) = lower(%s)", (name,)).fetchone():
                 raise Conflict(f"a knowledge base named {name!r} already exists")
-            conn.execute("INSERT INTO kbs (id, name, privacy, model, dim, created, default_access) "
-                         "VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                         (kb_id, name, privacy, spec.id, spec.dim, time.time(), int(default_access)))
-        self._ensure_vector_index(spec.dim)
+            row = conn.execute("INSERT INTO kbs (id, name, privacy, model, dim, created, default_access) "
+                               "VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING *",
+                               (kb_id, name, privacy, spec.id, spec.dim, time.time(),
+                                int(default_access))).fetchone()
+            if fill is not None:
+                fill(conn, TeamKnowledgeBase(self, _record(row), write_level=self.write_level))
         return self.resolve(kb_id)
 
     def _ensure_vector_index(self, dim: int) -> None:
@@ -396,9 +435,12 @@ class TeamStore(KnowledgeStore):
         except Exception:  # noqa: S110 - a failure to log never hides the original error
             pass
 
-    def errors(self, *, source: str | None = None, kb_id: str | None = None, offset: int = 0,
+    def errors(self, *, source: str | None = None, kb: str | None = None, offset: int = 0,
                limit: int = 20) -> tuple[list[dict], int]:
+        """The error log, newest first; ``kb`` (an id or a name) is resolved only for an admin,
+        so nobody else learns from the refusal whether it exists."""
         require_admin(self.access)
+        kb_id = self.resolve(kb).id if kb else None
         with self.db.conn() as conn:
             where = "WHERE (%(s)s::text IS NULL OR source = %(s)s) AND (%(k)s::text IS NULL OR kb_id = %(k)s)"
             args = {"s": source, "k": kb_id, "o": offset, "l": limit}
@@ -408,6 +450,16 @@ class TeamStore(KnowledgeStore):
         return [{"id": r["id"], "at": r["at"], "source": r["source"], "code": r["code"],
                  "message": r["message"], "kb": r["kb_id"], "ref": r["ref"], "detail": r["detail"]}
                 for r in rows], total
+
+
+#: The sources of an export, oldest first. An archive holds one source per key; several at one
+#: key (writers of different clearances at one URL) keep the oldest's key, the others get their
+#: id appended to theirs, so the file imports whole.
+_EXPORT_SOURCES = (
+    "SELECT id, kb_id, CASE WHEN row_number() OVER (PARTITION BY key ORDER BY added_at, id) > 1 "
+    "THEN key || '#' || id ELSE key END AS key, type, title, url, file_name, content_hash, "
+    "captured_by, chunk_count, pages, lang, added_at, updated_at, access_level, added_by "
+    "FROM sources WHERE kb_id = %s AND access_level <= %s ORDER BY added_at, id")
 
 
 class TeamKnowledgeBase(KnowledgeBaseHandle):
@@ -443,6 +495,34 @@ class TeamKnowledgeBase(KnowledgeBaseHandle):
 
     def item_locks(self) -> ItemLocks:
         return AdvisoryLocks(self.db.url)
+
+    def source_id_for(self, key: str) -> str:
+        """The source an add at ``key`` writes: one the caller may see at that key, else a new
+        one of their own, whatever is stored above their clearance there.
+
+        A writer's add at the URL of a source they cannot see neither overwrites it nor is
+        refused (which would say it exists): it makes a separate source, whose id is derived
+        from the key and the writer, so their next add at that URL reaches it again. Their
+        replies are those of a knowledge base without the hidden source.
+        """
+        import itertools
+
+        access = self.store.access
+        with self.db.conn() as conn:
+            row = conn.execute(
+                "SELECT id FROM sources WHERE kb_id = %s AND key = %s AND access_level <= %s "
+                f"ORDER BY {_REACH_ORDER} LIMIT 1",
+                (self.id, key, self.level, access.user)).fetchone()
+            if row is not None:
+                return row["id"]
+            if access.everything:
+                return source_id(self.id, key)  # they see every source: none is at this key
+            for n in itertools.count():
+                # Taken only by their own earlier source there, since raised above them.
+                sid = source_id(self.id, f"{key}\x1f{access.user_id}\x1f{n}")
+                if conn.execute("SELECT 1 FROM sources WHERE id = %s", (sid,)).fetchone() is None:
+                    return sid
+        raise AssertionError("unreachable")
 
     def source_state(self, sid: str) -> tuple[str, int] | None:
         with self.db.conn() as conn:
@@ -672,8 +752,9 @@ class TeamKnowledgeBase(KnowledgeBaseHandle):
         file_key = "file:" + str(Path(ref).expanduser().resolve()) if len(ref) < 4096 else ref
         row = conn.execute(
             "SELECT id, title, access_level FROM sources WHERE kb_id = %s AND access_level <= %s "
-            "AND (id = %s OR key = %s OR url = %s OR key = %s) ORDER BY id = %s DESC LIMIT 1",
-            (self.id, self.level, ref, ref, ref, file_key, ref)).fetchone()
+            "AND (id = %s OR key = %s OR url = %s OR key = %s) "
+            f"ORDER BY id = %s DESC, {_REACH_ORDER} LIMIT 1",
+            (self.id, self.level, ref, ref, ref, file_key, ref, self.store.access.user)).fetchone()
         if row is None:
             raise SourceNotFound(f"no source {ref!r} in {self.record.name!r}")
         return row
@@ -786,8 +867,7 @@ class TeamKnowledgeBase(KnowledgeBaseHandle):
                     n_c = conn.execute("SELECT count(*) AS n FROM chunks WHERE kb_id = %s "
                                        "AND access_level <= %s", args).fetchone()["n"]
                     yield Snapshot(record=dict(rec), n_sources=n_s, n_chunks=n_c,
-                                   sources=self._stream(conn, "SELECT * FROM sources WHERE kb_id = %s "
-                                                        "AND access_level <= %s ORDER BY added_at, id", args),
+                                   sources=self._stream(conn, _EXPORT_SOURCES, args),
                                    chunks=self._chunk_stream(conn, args))
             finally:
                 conn.isolation_level = None
@@ -809,30 +889,35 @@ class TeamKnowledgeBase(KnowledgeBaseHandle):
 
     def import_rows(self, sources: Sequence[dict], chunks: Sequence[dict], vectors: np.ndarray) -> None:
         self.check_writable()
+        with self.db.tx() as conn:
+            self._lock(conn)
+            self._insert_rows(conn, sources, chunks, vectors)
+
+    def _insert_rows(self, conn, sources: Sequence[dict], chunks: Sequence[dict],
+                     vectors: np.ndarray) -> None:
+        """An archive's sources and passages, in the caller's transaction."""
         level = self.write_level if self.write_level is not None else 0
         new_sid = {s["id"]: source_id(self.id, s["key"]) for s in sources}
         titles = {s["id"]: s["title"] for s in sources}
         now = time.time()
-        with self.db.tx() as conn:
-            self._lock(conn)
-            with conn.cursor() as cur:
-                cur.executemany(
-                    "INSERT INTO sources (id, kb_id, key, type, title, url, file_name, content_hash, "
-                    "captured_by, chunk_count, pages, lang, added_at, updated_at, access_level, added_by) "
-                    "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
-                    [(new_sid[s["id"]], self.id, s["key"], s["type"], s["title"], s["url"], s["file_name"],
-                      s["content_hash"], s["captured_by"], s["chunk_count"], s["pages"], s["lang"],
-                      s["added_at"], s["updated_at"], level, self.store.access.user) for s in sources])
-            by_source: dict[str, list[ChunkWrite]] = {}
-            for c, vec in zip(chunks, vectors, strict=True):
-                sid = new_sid[c["source"]]
-                by_source.setdefault(c["source"], []).append(ChunkWrite(
-                    id=chunk_id(self.id, sid, c["index"]), idx=c["index"], text=c["text"],
-                    text_hash=c["text_hash"], page=c["page"], tokens=c["tokens"], vector=vec,
-                    indexed_by=c["indexed_by"]))
-            for old_sid, rows in by_source.items():
-                self._upsert_chunks(conn, new_sid[old_sid], titles[old_sid], level, rows, now=now)
-            self._bump(conn)
+        with conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO sources (id, kb_id, key, type, title, url, file_name, content_hash, "
+                "captured_by, chunk_count, pages, lang, added_at, updated_at, access_level, added_by) "
+                "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
+                [(new_sid[s["id"]], self.id, s["key"], s["type"], s["title"], s["url"], s["file_name"],
+                  s["content_hash"], s["captured_by"], s["chunk_count"], s["pages"], s["lang"],
+                  s["added_at"], s["updated_at"], level, self.store.access.user) for s in sources])
+        by_source: dict[str, list[ChunkWrite]] = {}
+        for c, vec in zip(chunks, vectors, strict=True):
+            sid = new_sid[c["source"]]
+            by_source.setdefault(c["source"], []).append(ChunkWrite(
+                id=chunk_id(self.id, sid, c["index"]), idx=c["index"], text=c["text"],
+                text_hash=c["text_hash"], page=c["page"], tokens=c["tokens"], vector=vec,
+                indexed_by=c["indexed_by"]))
+        for old_sid, rows in by_source.items():
+            self._upsert_chunks(conn, new_sid[old_sid], titles[old_sid], level, rows, now=now)
+        self._bump(conn)
 
     # -- re-embedding (ingest/reembed.py), administrators only -------------------------------
     @contextmanager
