@@ -631,12 +631,17 @@ function userBlock(turn, index) {
         send();
       } else if (e.key === "Escape") show();
     });
+    const later = state.chat.turns.length - index - 1;
     setChildren(
       root,
       el(
         "div",
         { class: "edit-box" },
         box,
+        // Said before it happens: sending an edited question drops what followed it.
+        later > 0
+          ? el("p", { class: "edit-note", text: `Sending replaces this answer and removes the ${later === 1 ? "question and answer" : `${later} questions and answers`} after it.` })
+          : null,
         el(
           "div",
           { class: "row" },
@@ -715,6 +720,10 @@ async function ask(message, options = {}) {
   // A summary asked again (Regenerate, Try again) is a summary again.
   const summarize = options.summarize ?? (options.replace !== undefined && Boolean(state.chat.turns[options.replace]?.summarize));
   if (summarize) turn.summarize = true;
+  // Asked again (Regenerate, weaker matches): the earlier answers are kept as versions, ‹1/2›.
+  // An edited question is a new question; a continued answer finishes the version it continues.
+  const earlier = options.replace !== undefined && options.keepAfter !== false ? state.chat.turns[index] : null;
+  const versions = earlier && (earlier.answer !== undefined || earlier.error) ? earlier.versions ?? [answerVersion(earlier)] : [];
   const block = assistantBlock();
   if (options.replace === undefined) {
     box.append(userBlock(turn, index), block.root);
@@ -845,6 +854,12 @@ async function ask(message, options = {}) {
     if (frame) cancelAnimationFrame(frame);
     stopWaiting();
   }
+  if (versions.length) {
+    const at = options.continueFrom !== undefined ? (earlier?.shown ?? versions.length - 1) : versions.length;
+    turn.versions = [...versions];
+    turn.versions[at] = answerVersion(turn);
+    turn.shown = at;
+  }
   try {
     for (const card of block.confirm.querySelectorAll(".confirm-card")) settleConfirm(/** @type {any} */ (card), turn);
     renderFinal(block, turn, index);
@@ -880,6 +895,37 @@ function onConversationScroll() {
   const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight <= FOLLOW_SLACK_PX;
   state.follow = atBottom;
   $("scroll-bottom").hidden = atBottom;
+}
+
+/** What makes one answer of a turn, kept when the question is asked again. */
+const VERSION_FIELDS = ["answer", "citations", "statuses", "summary", "answer_line", "notes", "model", "generated",
+  "rewritten_query", "sourceKbs", "tool_calls", "model_error", "error", "stopped", "endpoint", "kbs", "weakerKbs"];
+
+/**
+ * One answer of a turn, as kept among its versions.
+ * @param {Turn} turn
+ * @returns {Record<string, any>}
+ */
+function answerVersion(turn) {
+  /** @type {Record<string, any>} */
+  const out = {};
+  for (const key of VERSION_FIELDS) if (/** @type {any} */ (turn)[key] !== undefined) out[key] = /** @type {any} */ (turn)[key];
+  return out;
+}
+
+/**
+ * Show another kept answer of a turn; it becomes the one a follow-up question builds on.
+ * @param {number} index the turn
+ * @param {number} at the version
+ */
+async function showVersion(index, at) {
+  const turn = /** @type {any} */ (state.chat.turns[index]);
+  if (state.asking || !turn?.versions?.[at]) return;
+  for (const key of VERSION_FIELDS) delete turn[key];
+  Object.assign(turn, turn.versions[at]);
+  turn.shown = at;
+  renderChat();
+  await saveChat();
 }
 
 /**
@@ -951,6 +997,19 @@ function renderFinal(block, turn, index) {
     actions.push(el("button", { type: "button", class: "link", text: "Continue", "aria-label": "Continue this answer", onclick: () => ask(turn.message, { replace: index, continueFrom: turn.answer, continueKbs: turn.sourceKbs, weakerKbs: turn.weakerKbs }) }));
   }
   actions.push(el("button", { type: "button", class: "link", text: "Regenerate", "aria-label": "Regenerate this answer", onclick: () => ask(turn.message, { replace: index }) }));
+  const kept = /** @type {any} */ (turn).versions;
+  if (Array.isArray(kept) && kept.length > 1) {
+    const at = /** @type {any} */ (turn).shown ?? kept.length - 1;
+    actions.unshift(
+      el(
+        "span",
+        { class: "versions", role: "group", "aria-label": "Answers to this question" },
+        el("button", { type: "button", class: "link", disabled: at === 0, onclick: () => showVersion(index, at - 1) }, "‹", el("span", { class: "visually-hidden", text: " previous answer" })),
+        el("span", { class: "version-at", text: `${at + 1}/${kept.length}` }),
+        el("button", { type: "button", class: "link", disabled: at === kept.length - 1, onclick: () => showVersion(index, at + 1) }, "›", el("span", { class: "visually-hidden", text: " next answer" })),
+      ),
+    );
+  }
   setChildren(block.actions, ...actions);
 }
 

@@ -73,14 +73,24 @@ def models(browser, code_kb) -> Iterator[dict]:
     """On-device models on loopback: one answers with a wide table, one streams a long answer
     slowly, and "dead" points at a port where nothing listens."""
     with FakeLLM(reply=WIDE_TABLE_ANSWER) as table, \
-            FakeLLM(mode="slow", delay=0.05, reply=LONG_ANSWER) as slow, FakeLLM(mode="hang") as hang:
+            FakeLLM(mode="slow", delay=0.05, reply=LONG_ANSWER) as slow, FakeLLM(mode="hang") as hang, \
+            FakeLLM(reply_fn=_numbered()) as numbered:
         _host(browser, "config.set", {"endpoints": [
             {"name": "table", "base_url": table.base_url, "model": "table-model"},
             {"name": "slow", "base_url": slow.base_url, "model": "slow-model"},
             {"name": "loading", "base_url": hang.base_url, "model": "big-model"},
+            {"name": "numbered", "base_url": numbered.base_url, "model": "n-model"},
             {"name": "dead", "base_url": "http://127.0.0.1:9/v1", "model": "dead-model"},
         ], "default_endpoint": "table"})
         yield {"table": table, "slow": slow}
+
+
+def _numbered():
+    """A model whose every answer says which it is (so versions can be told apart)."""
+    import itertools
+
+    count = itertools.count(1)
+    return lambda request: f"Answer number {next(count)} about retries [1]."
 
 
 def _panel(browser, endpoint: str, kbs: set[str], width: int = 400, height: int = 800):
@@ -374,4 +384,38 @@ def test_chips_saves_and_picker_rows_of_the_same_title_tell_apart(browser, pages
         .map((s) => { const r = s.getBoundingClientRect(); return r.width > 0 && r.right <= innerWidth; })""")
     assert visible and all(visible), visible
     _shots(panel, "apart")
+    panel.close()
+
+
+# -- 16: Regenerate keeps the earlier answer (1/2); Edit says what it drops -------------------------
+def test_regenerate_keeps_both_answers_and_edit_says_what_it_removes(browser, models):
+    panel = _panel(browser, "numbered", {"Pool"}, width=400)
+    _ask(panel, "What should retry_limit be when pool_timeout is short?")
+    first = _last_answer(panel)
+    first.locator(".answer-meta").wait_for()
+    text1 = first.locator(".answer").inner_text()
+    first.get_by_role("button", name="Regenerate this answer").click()
+    at = "() => document.querySelector('.turn-assistant .version-at')?.textContent === "
+    panel.wait_for_function(at + "'2/2'")
+    answer = _last_answer(panel)
+    text2 = answer.locator(".answer").inner_text()
+    # Before: the first answer was gone, nothing to go back to.
+    assert text1 != text2 and text1.startswith("Answer number"), (text1, text2)
+    answer.get_by_role("button", name="‹ previous answer").click()
+    panel.wait_for_function(at + "'1/2'")
+    assert _last_answer(panel).locator(".answer").inner_text() == text1
+    # the kept versions survive a reload of the panel (stored with the chat)
+    panel.reload()
+    panel.wait_for_selector('body[data-ready="true"]')
+    assert panel.locator(".turn-assistant .version-at").inner_text() == "1/2"
+    # a second question, then editing the first says what sending will remove
+    panel.select_option("#endpoint", "numbered")
+    _ask(panel, "And what about pool_timeout?")
+    panel.wait_for_function("() => document.querySelectorAll('.turn-assistant .answer-meta').length === 2")
+    panel.locator("#stop").wait_for(state="hidden")  # the turn is over (stored), not only shown
+    panel.locator(".turn-user").first.get_by_role("button", name="Edit and resend this question").click()
+    note = panel.locator(".edit-note")
+    # Before: nothing said that the later question and its answer would go.
+    assert note.inner_text() == "Sending replaces this answer and removes the question and answer after it."
+    _shots(panel, "versions-edit")
     panel.close()
