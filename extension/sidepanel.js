@@ -297,7 +297,7 @@ function renderKnowledgeBases(defaultKb) {
     addTo,
     ...(state.kbs.length
       ? state.kbs.map((kb) => el("option", { value: kb.id, text: kb.name, selected: kb.id === current }))
-      : [el("option", { value: "", text: "a new knowledge base" })]),
+      : [el("option", { value: "", text: "My knowledge base (new)" })]), // the worker's FIRST_KB_NAME
   );
 }
 
@@ -462,7 +462,10 @@ chrome.storage.onChanged.addListener((changes, area) => {
   if (!jobChanges.length) return;
   renderJobs();
   const finished = jobChanges.some(([, c]) => c.newValue?.state === "done" && c.oldValue?.state !== "done");
-  if (finished && !$("conversation").hidden) loadKnowledgeBases().catch(() => {});
+  if (finished && !$("conversation").hidden) {
+    // A first save turns the first-run steps into the usual start.
+    loadKnowledgeBases().then(() => { if (!state.chat.turns.length) renderChat(); }).catch(() => {});
+  }
 });
 
 // ---- chats ----
@@ -488,11 +491,39 @@ function renderChat() {
 }
 
 function emptyChat() {
+  const saved = state.kbs.some((kb) => (kb.sources ?? 0) > 0);
+  // No model: answers quote passages; say so, and where to connect one.
+  const model = state.endpoints.length
+    ? null
+    : el(
+        "p",
+        { class: "muted small-text" },
+        "Answers quote your passages word for word. For written answers, ",
+        el("a", { href: "options.html#endpoints", target: "_blank", text: "Connect a model" }),
+        " (Ollama, LM Studio, llama.cpp or any OpenAI-compatible server).",
+      );
+  if (!saved) {
+    // The first run: nothing to ask about yet, so the first step, not the question box.
+    return el(
+      "div",
+      { class: "empty-chat first-run", id: "empty-chat" },
+      el("h2", { text: "Start with a page you want to keep" }),
+      el(
+        "ol",
+        null,
+        el("li", null, "Open it, then ", el("button", { type: "button", class: "small primary", text: "Add this tab", onclick: () => addThisTab() }), " (or right-click the page: Save page to LocalKB)."),
+        el("li", { text: "Ask about it here: every answer cites the passages it came from." }),
+      ),
+      el("p", { class: "muted small-text", text: "Or press Chat with this page to ask about the page you are on without saving it." }),
+      model,
+    );
+  }
   return el(
     "div",
     { class: "empty-chat", id: "empty-chat" },
     el("p", { text: "Ask a question about what you saved. Every answer says which knowledge bases it searched and cites its passages." }),
     el("p", { class: "muted small-text" }, "Press ", el("kbd", { text: "/" }), " to type a question; earlier chats are under Chats."),
+    model,
   );
 }
 

@@ -419,3 +419,41 @@ def test_regenerate_keeps_both_answers_and_edit_says_what_it_removes(browser, mo
     assert note.inner_text() == "Sending replaces this answer and removes the question and answer after it."
     _shots(panel, "versions-edit")
     panel.close()
+
+
+# -- 10: the first run says what to do, and how to connect a model ------------------------------------
+def test_the_first_run_guides_to_a_first_save_and_to_a_model(pw, tmp_path, pages):
+    import json
+
+    from browser_helpers import ExtensionBrowser, extension_copy, extension_id, register_host, write_launcher
+
+    ext = extension_copy(tmp_path / "extension", host_permissions=["http://127.0.0.1/*"])
+    profile, home = tmp_path / "profile", tmp_path / "data"
+    register_host(profile, write_launcher(tmp_path / "localkb-host", home),
+                  extension_id(json.loads((ext / "manifest.json").read_text())))
+    with ExtensionBrowser(pw, ext, profile) as fresh:
+        tab = _open_tab(fresh, pages.url("/flux.html"))
+        panel = fresh.open("sidepanel.html", width=320, height=700)
+        panel.wait_for_selector('body[data-ready="true"]')
+        start = panel.locator("#empty-chat")
+        # Before: "Ask a question about what you saved" with nothing saved, "No model" and no way on.
+        assert "Add this tab" in start.inner_text(), start.inner_text()
+        link = start.get_by_role("link", name="Connect a model")
+        assert link.get_attribute("href").startswith("options.html#endpoints")
+        # the select says where a first save goes, in full
+        fits = panel.evaluate("""() => {
+            const s = document.getElementById('add-to');
+            const c = document.createElement('canvas').getContext('2d');
+            c.font = getComputedStyle(s).font;
+            return {text: s.selectedOptions[0].text,
+                    need: c.measureText(s.selectedOptions[0].text).width + 28, width: s.clientWidth};
+        }""")
+        assert fits["text"] == "My knowledge base (new)" and fits["need"] <= fits["width"], fits
+        _shots(panel, "first-run")
+        panel.bring_to_front()
+        fresh.worker_eval("(id) => chrome.tabs.update(id, {active: true})", tab["id"])
+        start.get_by_role("button", name="Add this tab").click()
+        panel.wait_for_function("() => document.getElementById('save-status').dataset.kind === 'done'")
+        assert "My knowledge base" in panel.locator("#save-status").inner_text()
+        panel.wait_for_function("() => !document.querySelector('#empty-chat.first-run')")
+        panel.close()
