@@ -104,7 +104,7 @@ def _shots(panel, name: str) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     for scheme in ("light", "dark"):
         panel.emulate_media(color_scheme=scheme)
-        for width in (320, 400):
+        for width in (320, 400, 600):
             panel.set_viewport_size({"width": width, "height": 800})
             panel.screenshot(path=str(ARTIFACTS / f"review-{name}-{width}-{scheme}.png"))
     panel.emulate_media(color_scheme="light")
