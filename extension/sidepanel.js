@@ -426,7 +426,8 @@ async function renderJobs() {
   status.hidden = !newest;
   if (newest) {
     const running = newest.state === "capturing" || newest.state === "saving";
-    status.textContent = running ? `Saving ${newest.title} · ${progressText(newest)}` : `${newest.title} · ${jobLine(newest)}`;
+    // What is happening, or how it ended, first; the title after it (cut first when long).
+    status.textContent = running ? `${progressText(newest)} · saving ${newest.title}` : `${jobLine(newest)} · ${newest.title}`;
     status.dataset.kind = newest.state === "done" ? (newest.report?.failed ? "partial" : "done") : newest.state;
     status.title = status.textContent;
   }

@@ -1262,6 +1262,8 @@ def _chat_in(panel, question: str) -> None:
 
 
 def test_chat_history_survives_a_browser_restart(pw, tmp_path, pages):
+    from playwright.sync_api import expect
+
     ext = extension_copy(tmp_path / "extension", host_permissions=["http://127.0.0.1/*"])
     profile, home = tmp_path / "profile", tmp_path / "data"
     launcher = write_launcher(tmp_path / "localkb-host", home)
@@ -1280,16 +1282,20 @@ def test_chat_history_survives_a_browser_restart(pw, tmp_path, pages):
         panel = again.open("sidepanel.html", width=400, height=800)
         panel.wait_for_selector('body[data-ready="true"]')
         # The chat that was open is open again, answers and all.
-        assert panel.locator(".turn-user .bubble").all_inner_texts() == ["When was the garage open?"]
+        expect(panel.locator(".turn-user .bubble")).to_have_text(["When was the garage open?"],
+                                                                 timeout=WAIT_MS)
         assert panel.locator(".turn-assistant .answer").all_inner_texts() == before
         panel.click("#chats-button")
         items = panel.locator("#chat-list .chat-item")
-        assert [t.split("\n")[0] for t in items.locator(".open").all_inner_texts()] == [
-            "When was the garage open?", QUESTION]
+        # The list and an opened chat render after the click: wait for them, never read at once
+        # (read at once, this failed under load: the list was still empty).
+        expect(items.locator(".open .t")).to_have_text(["When was the garage open?", QUESTION],
+                                                       timeout=WAIT_MS)
         _shots(panel, "chats")
         items.locator(".open", has_text=QUESTION).click()
-        assert panel.locator(".turn-user .bubble").all_inner_texts() == [QUESTION, "What does ERR_1200 mean?"]
-        assert panel.locator(".turn-assistant .answer a.cite").count() >= 1  # citations kept
+        expect(panel.locator(".turn-user .bubble")).to_have_text([QUESTION, "What does ERR_1200 mean?"],
+                                                                 timeout=WAIT_MS)
+        expect(panel.locator(".turn-assistant .answer a.cite").first).to_be_visible()  # citations kept
         panel.click("#chats-button")
         panel.get_by_role("button", name=f"Rename chat {QUESTION}").click()
         panel.get_by_role("textbox", name="New name").fill("Flux errors")
@@ -1303,7 +1309,8 @@ def test_chat_history_survives_a_browser_restart(pw, tmp_path, pages):
         panel = third.open("sidepanel.html", width=400, height=800)
         panel.wait_for_selector('body[data-ready="true"]')
         panel.click("#chats-button")
-        assert panel.locator("#chat-list .chat-item .open .t").all_inner_texts() == ["Flux errors"]
+        expect(panel.locator("#chat-list .chat-item .open .t")).to_have_text(["Flux errors"],
+                                                                             timeout=WAIT_MS)
         panel.close()
 
 

@@ -215,7 +215,7 @@ def test_summarize_without_a_model_is_a_labelled_extractive_summary_with_citatio
     panel.locator("#passage-card [data-close]").click()
     _shots(panel, "summary")
     panel.evaluate("() => { document.querySelector('.turn-assistant').dataset.old = 'yes'; }")
-    answer.get_by_role("button", name="Ask this question again").click()  # Regenerate
+    answer.get_by_role("button", name="Regenerate this answer").click()  # Regenerate
     panel.wait_for_selector(".turn-assistant:not([data-old]) .answer-meta span")
     assert panel.locator(".turn-assistant").count() == 1
     meta = panel.locator(".turn-assistant .answer-meta").inner_text()
