@@ -101,6 +101,7 @@ class TeamChat:
         self.cache = AnswerCache(threshold=threshold if threshold is not None else 1.0)
         self.semantic = threshold is not None
         self.limiter = RateLimiter(api.db, config.caps)
+        self.limiter.seed()  # the first server's caps; after that the database's
         self.log = QueryLog(api.db)
         self._lock = threading.Lock()
 
