@@ -63,6 +63,7 @@ from localkb.errors import (
 from localkb.inputs import b64_bytes, parse_object, req_bool, req_int, req_kbs, req_str
 from localkb.team import proxies
 from localkb.team.access import Access, Directory, level_of, require_admin
+from localkb.team.admin import TeamAdmin
 from localkb.team.db import Database, mapped
 from localkb.team.hosts import HostNames
 from localkb.team.schema import LEVELS
@@ -177,6 +178,9 @@ class TeamAPI:
         #: Team chat (``team/chat.py``): its routes join these; ``chat`` is its ``ChatConfig``.
         self.chat = TeamChat(self, chat or ChatConfig())
         self.routes += self.chat.routes()
+        #: The administrators' page and its API (``team/admin.py``).
+        self.admin = TeamAdmin(self)
+        self.routes += self.admin.routes()
 
     # -- dispatch -------------------------------------------------------------------------
     def dispatch(self, req: Request) -> tuple[int, Any]:
