@@ -88,6 +88,8 @@ StepFn = Callable[[dict], None]
 TokenFn = Callable[[str], None]
 #: Gets the turn's provenance (knowledge-base ids) before its first token.
 ProvenanceFn = Callable[[list[str]], None]
+#: Gets each stage of the turn (``STAGES``) and its milliseconds as soon as it is over.
+StageFn = Callable[[str, float], None]
 #: True writes, False declines, None: no answer in time (expired).
 ConfirmFn = Callable[[dict], bool | None]
 
@@ -901,6 +903,7 @@ def run_turn(
     cancel: threading.Event | None = None,
     scope: tuple = (),
     on_provenance: ProvenanceFn | None = None,
+    on_stage: StageFn | None = None,
 ) -> ChatResult:
     """Answer ``message`` from the knowledge bases ``kb_refs`` (ids or names); see the module doc.
 
@@ -954,6 +957,8 @@ def run_turn(
     rewrite = rewrite_query(message, history, endpoint, store, timeout=options.rewrite_timeout,
                             cancel=cancel, placement=placement)
     query = rewrite.query
+    if on_stage is not None:
+        on_stage("rewrite", rewrite.ms)
     _cancelled(cancel)
 
     tools_offered = options.tools and endpoint is not None and wants_to_save(message)
@@ -1010,6 +1015,8 @@ def run_turn(
             for status in result.statuses:
                 if on_step is not None:
                     on_step(status)
+            for stage in STAGES[1:] if on_stage is not None else ():
+                on_stage(stage, 0.0)
             if on_provenance is not None:
                 on_provenance(result.kbs)
             if on_token is not None and result.answer:
@@ -1049,6 +1056,8 @@ def run_turn(
     passages = (hits + chosen_weaker)[: options.k]
     stages, candidates = _stage_totals(search_trace, [r.id for r in allowed])
     stages["embed"] = round(stages["embed"] + trace["cache"].get("embed_ms", 0.0), 3)
+    for stage in ("embed", "vector", "keyword", "fuse", "rerank") if on_stage is not None else ():
+        on_stage(stage, stages[stage])
     reranked = {kb_id: t["rerank"] for kb_id, t in search_trace.get("kbs", {}).items()
                 if "rerank" in t}
     unavailable = [s for s in statuses if s.status == "unavailable"]
@@ -1124,6 +1133,8 @@ def run_turn(
             notes.append(f"The model {endpoint.name} failed, so this answer is not generated: {err}")
             answer, cited = extractive_answer(passages, f"the model {endpoint.name} failed", missing)
         generate_ms = _ms(t0)
+        if on_stage is not None:
+            on_stage("generate", generate_ms)
         for call in calls:
             outcome = _run_tool(store, call, offered=tools_offered and bool(targets), targets=targets,
                                 confirm=confirm, cancel=cancel)
