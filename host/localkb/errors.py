@@ -9,6 +9,7 @@ the boundary with ``raise X(...) from err``.
     ├── InvalidInput                invalid_input
     │   ├── InvalidArchive          invalid_archive
     │   ├── InvalidDocument         invalid_document
+    │   │   └── UnsafeDocument      unsafe_document
     │   ├── SourceTooLarge          source_too_large
     │   ├── ProtocolError           protocol_error
     │   └── TooLarge                too_large
@@ -71,6 +72,12 @@ class InvalidDocument(InvalidInput):
     """A document could not be read (a broken PDF, undecodable bytes, no text)."""
 
     code = "invalid_document"
+
+
+class UnsafeDocument(InvalidDocument):
+    """A document built to exhaust the reader: a zip bomb, XML entities, too many parts."""
+
+    code = "unsafe_document"
 
 
 class SourceTooLarge(InvalidInput):
