@@ -11,6 +11,17 @@ from localkb import __version__
 from localkb.config import Settings
 from localkb.errors import LocalKBError
 
+#: What ``add`` and ``sync`` exit with, for scripts (an error's own code is in ``EXIT_CODES``).
+EXIT_STORED, EXIT_PARTIAL, EXIT_NOTHING, EXIT_USAGE, EXIT_INTERRUPTED = 0, 10, 5, 2, 130
+INGEST_EXITS = """exit codes:
+  0    everything was stored (added, updated or already unchanged); files of a folder
+       skipped for their type or size do not count against it
+  10   some sources were stored, some failed (each is listed with its reason)
+  5    nothing was stored (every source failed or was skipped, a named file was empty)
+  2    bad usage (a missing argument, an unknown option, a bad value)
+  130  interrupted (Ctrl-C): what was written stays; run the same command to finish
+  3 not found, 4 the model or a team server is unavailable, 1 any other error"""
+
 EXIT_CODES = {"privacy_blocked": 6, "llm_unavailable": 7,
               "invalid_input": 2, "kb_not_found": 3, "source_not_found": 3, "not_found": 3,
               "embedding_unavailable": 4, "nothing_written": 5, "cancelled": 130,
@@ -295,12 +306,15 @@ def ingest_text(report) -> str:
 
 
 def ingest_exit(report) -> int:
+    """``INGEST_EXITS``: all stored, some failed, nothing stored, interrupted."""
     if report.interrupted:
-        return 130
+        return EXIT_INTERRUPTED
     totals = report.totals()
-    if totals["sources"] and totals["sources_failed"] == totals["sources"]:
-        return 5
-    return 1 if (totals["failed"] or totals["sources_failed"]) else 0
+    by = totals["by_status"]
+    stored = by["added"] + by["updated"] + by["unchanged"] + by["partial"]
+    if not stored and (totals["sources_failed"] or totals["skipped"]):
+        return EXIT_NOTHING
+    return EXIT_PARTIAL if (totals["failed"] or totals["sources_failed"]) else EXIT_STORED
 
 
 def cmd_add(args, out: Out) -> int:
@@ -983,8 +997,21 @@ def cmd_kb_reembed(args, out: Out) -> int:
 
 
 # -- parser ------------------------------------------------------------------------
+def _reads() -> str:
+    """The file types ``add`` and ``sync`` read, for their ``--help``."""
+    import textwrap
+
+    from localkb.ingest.documents import readable_suffixes
+
+    listed = textwrap.fill(" ".join(readable_suffixes()), 88, initial_indent="  ", subsequent_indent="  ")
+    return f"reads:\n{listed}\n  (anything else is skipped with its type named)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="localkb", description="Personal knowledge bases on your machine.")
+    reads = _reads()
+    p = argparse.ArgumentParser(prog="localkb", description="Personal knowledge bases on your machine.",
+                                epilog=f"{INGEST_EXITS}\n(add and sync; other commands exit 0 on success)",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"localkb {__version__}")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="machine-readable output")
@@ -1025,7 +1052,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--batch-size", type=int, default=64, help="passages per embedding batch")
     c.set_defaults(func=cmd_kb_reembed)
 
-    c = sub.add_parser("add", parents=[common], help="add files, folders or URLs to a knowledge base")
+    c = sub.add_parser("add", parents=[common], help="add files, folders or URLs to a knowledge base",
+                       description="Add files, folders (recursive) and public URLs to a knowledge base.",
+                       epilog=f"{reads}\n\n{INGEST_EXITS}",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("kb")
     c.add_argument("items", nargs="+", metavar="PATH_OR_URL")
     c.add_argument("--include", action="append", help="glob of files to include (repeatable)")
@@ -1038,7 +1068,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_add)
     c = sub.add_parser("sync", parents=[common],
                        help="make a knowledge base match a folder: add new files, re-index changed ones, "
-                            "remove deleted ones")
+                            "remove deleted ones", epilog=f"{reads}\n\n{INGEST_EXITS}",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("kb")
     c.add_argument("folder", nargs="?", default=None,
                    help="the folder (remembered with its rules; omit it to sync the remembered one)")

@@ -1,0 +1,85 @@
+"""Exit codes a script can trust, from the real CLI: 0 all stored, 10 some stored and some
+failed, 5 nothing stored, 2 bad usage, 130 interrupted (``test_ingest_jobs.py``'s Ctrl-C test)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    home = tmp_path / "home"
+    run_cli(["kb", "create", "Docs"], home, check=True)
+    return home
+
+
+def _add(home: Path, *items: Path | str) -> tuple[int, dict]:
+    res = run_cli(["add", "Docs", *map(str, items), "--json"], home)
+    return res.returncode, json.loads(res.stdout) if res.stdout.strip() else {}
+
+
+def test_all_stored_exits_0(home, tmp_path):
+    (tmp_path / "a.md").write_text("# Tides\n\nThe spring tide floods the lower quay.\n")
+    code, report = _add(home, tmp_path / "a.md")
+    assert code == 0, report["summary"]
+
+
+def test_some_stored_and_some_failed_exits_10(home, tmp_path):
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    (folder / "good.md").write_text("# Tides\n\nThe spring tide floods the lower quay.\n")
+    (folder / "broken.pdf").write_bytes(b"%PDF-1.4 this is no PDF at all")
+    code, report = _add(home, folder)
+    assert report["totals"]["by_status"]["added"] == 1 and report["totals"]["sources_failed"] == 1
+    assert code == 10, report["summary"]
+
+
+@pytest.mark.parametrize("content", [b"", b"  \n\n \t\n"], ids=["zero bytes", "blank"])
+def test_a_named_empty_file_stores_nothing_and_exits_5(home, tmp_path, content):
+    empty = tmp_path / "empty.md"
+    empty.write_bytes(content)
+    code, report = _add(home, empty)
+    assert report["sources"][0]["status"] in ("skipped", "failed"), report
+    assert code == 5, report["summary"]
+
+
+def test_a_folder_where_nothing_could_be_stored_exits_5(home, tmp_path):
+    folder = tmp_path / "pictures"
+    folder.mkdir()
+    (folder / "a.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    (folder / "b.md").write_bytes(b"")
+    code, report = _add(home, folder)
+    assert report["totals"]["skipped"] == 2
+    assert code == 5, report["summary"]
+
+
+def test_a_folder_with_stored_files_beside_skipped_ones_exits_0(home, tmp_path):
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "a.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    (folder / "b.md").write_text("# Tides\n\nThe neap tide barely covers the slipway.\n")
+    code, report = _add(home, folder)
+    assert code == 0, report["summary"]
+    again, report = _add(home, folder)  # everything unchanged: all stored still
+    assert again == 0, report["summary"]
+
+
+def test_bad_usage_exits_2(home):
+    assert run_cli(["add", "Docs"], home).returncode == 2  # no path given
+    assert run_cli(["sync"], home).returncode == 2
+    assert run_cli(["add", "Docs", "x.md", "--max-size", "lots"], home).returncode == 2
+
+
+@pytest.mark.parametrize("args", [["--help"], ["add", "--help"], ["sync", "--help"]])
+def test_help_lists_the_exit_codes(args, tmp_path):
+    res = run_cli(args, tmp_path)
+    assert res.returncode == 0
+    text = " ".join(res.stdout.split())
+    for line in ("0 everything was stored", "10 some sources were stored, some failed",
+                 "5 nothing was stored", "2 bad usage", "130 interrupted"):
+        assert line in text, text
