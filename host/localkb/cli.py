@@ -289,11 +289,13 @@ def _max_bytes(args) -> int | None:
         raise InvalidInput(str(err)) from err
 
 
-def ingest_text(report) -> str:
-    """Per-source lines (what changed, what was skipped or failed and why), then the final line."""
+def ingest_text(report, told: frozenset[str] = frozenset()) -> str:
+    """Per-source lines (what changed, what was skipped or failed and why), then the final line.
+
+    ``told``: sources whose line the caller wrote already (a sync's renames and moves)."""
     lines = []
     for s in report.sources:
-        if s.status == "unchanged" and not s.failed:
+        if (s.status == "unchanged" and not s.failed) or s.name in told:
             continue  # counted in the final line; listing hundreds of them helps no one
         mark = {"failed": "✗", "skipped": "-", "partial": "!"}.get(s.status, "✓")
         lines.append(f"{mark} {s.name}: {s.summary}")
@@ -372,7 +374,7 @@ def cmd_sync(args, out: Out) -> int:
     with StopOnInterrupt(bar.close) as stop:
         try:
             report = sync_folder(kb, args.folder, **rules, max_bytes=_max_bytes(args), progress=bar,
-                                 check_cancelled=stop.check)
+                                 check_cancelled=stop.check, prune=args.prune)
         finally:
             bar.close()
     out.emit(report.to_dict(), lambda: sync_text(report))
@@ -381,12 +383,16 @@ def cmd_sync(args, out: Out) -> int:
 
 def sync_text(report) -> str:
     lines = [f"sync {report.folder}:"]
-    body = ingest_text(report)
     for r in report.removed_sources:
         lines.append(f"✓ {r['name']}: removed ({plural(r['removed_chunks'], 'passage')})")
-    for old, new in report.renamed:
-        lines.append(f"✓ {old} -> {new}: renamed (no passage embedded again)")
-    return "\n".join([*lines, body])
+    for what, pairs in (("renamed", report.renamed), ("moved", report.moved)):
+        lines += [f"✓ {old} -> {new}: {what} (no passage embedded again)" for old, new in pairs]
+    if report.unsynced:
+        lines.append(f"{plural(len(report.unsynced), 'source')} of a folder this knowledge base no longer "
+                     "syncs (kept until `--prune`): " + ", ".join(report.unsynced[:5])
+                     + (" …" if len(report.unsynced) > 5 else ""))
+    told = frozenset(new for _old, new in report.renamed + report.moved)
+    return "\n".join([*lines, ingest_text(report, told)])
 
 
 def cmd_sources(args, out: Out) -> int:
@@ -1078,6 +1084,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="glob of files or folders to skip (repeatable; remembered)")
     c.add_argument("--max-size", default=None, metavar="SIZE", help="size cap per source (0 lifts it)")
     c.add_argument("--watch", action="store_true", help="keep syncing as files change (Ctrl-C stops)")
+    c.add_argument("--prune", action="store_true",
+                   help="remove the sources of folders this knowledge base synced before and no longer "
+                        "does (without it they are reported and kept)")
     c.set_defaults(func=cmd_sync)
     c = sub.add_parser("sources", parents=[common], help="list the sources of a knowledge base")
     c.add_argument("kb")

@@ -214,15 +214,18 @@ class IngestReport:
     def summary(self) -> str:
         """The final line: counts of sources by outcome, passages, time and rate."""
         t = self.totals()
-        by = t["by_status"]
         seen = t["files_seen"]
-        parts = [f"{by[st]} {st}" for st in SOURCE_STATUSES if by[st]]
+        parts = self.outcomes(t["by_status"])
         if self.pending:
             parts.append(f"{len(self.pending)} not reached")
         line = f"{plural(seen, 'source')}: " + (" · ".join(parts) or "nothing to do")
         rate = f", {self.tokens / self.elapsed_s:,.0f} tokens/s" if self.tokens and self.elapsed_s else ""
         line += (f" — {plural(self.passages, 'passage')} embedded in {clock(self.elapsed_s)}{rate}")
         return line
+
+    def outcomes(self, by: dict[str, int]) -> list[str]:
+        """The summary's counts of sources by outcome (``3 added``, ``1 skipped``)."""
+        return [f"{by[st]} {st}" for st in SOURCE_STATUSES if by[st]]
 
     @property
     def kept_line(self) -> str | None:
