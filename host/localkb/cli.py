@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from localkb import __version__
 from localkb.config import Settings
 from localkb.errors import LocalKBError
+from localkb.strings import plural
 
 #: What ``add`` and ``sync`` exit with, for scripts (an error's own code is in ``EXIT_CODES``).
 EXIT_STORED, EXIT_PARTIAL, EXIT_NOTHING, EXIT_USAGE, EXIT_INTERRUPTED = 0, 10, 5, 2, 130
@@ -184,10 +185,6 @@ def cmd_kb_delete(args, out: Out) -> int:
 
 
 # -- sources -----------------------------------------------------------------------
-def plural(n: int, word: str) -> str:
-    return f"{n:,} {word if n == 1 else word + 's'}"
-
-
 class ProgressLine:
     """One line on stderr, redrawn in place: sources done of total, passages, rate, ETA, current.
 
@@ -403,7 +400,7 @@ def cmd_sources(args, out: Out) -> int:
         rows, total = kb.list_sources(offset=args.offset, limit=args.limit or 100)
         out.emit({"sources": rows, "total": total}, lambda: "\n".join(
             [f"{r['id']}  {r['chunks']:>5} chunks  {r['access']:12} {r['title'][:60]}" for r in rows]
-            + [f"{len(rows)} of {total} sources (team {kb.team.name})"]))
+            + [f"{len(rows)} of {plural(total, 'source')} (team {kb.team.name})"]))
         return 0
     if out.json:
         # Streamed: one source at a time, however many there are.
@@ -467,9 +464,11 @@ def cmd_search(args, out: Out) -> int:
         if args.explain:
             lines += ["", explain_table(res)]
         elif res.weaker and not res.hits:
-            what = ("weaker matches" if any(st.status == "weaker" for st in res.statuses)
-                    else "passages below the cut-off")
-            lines.append(f"({len(res.weaker)} {what} set aside; --explain shows them)")
+            n = len(res.weaker)
+            what = (plural(n, "weaker match", "weaker matches")
+                    if any(st.status == "weaker" for st in res.statuses)
+                    else plural(n, "passage") + " below the cut-off")
+            lines.append(f"({what} set aside; --explain shows {'it' if n == 1 else 'them'})")
         return "\n".join(lines)
 
     out.emit(res.to_dict(), text)
@@ -545,7 +544,7 @@ def cmd_doctor(args, out: Out) -> int:
             if vec.get("compaction_due"):
                 state += (f"; compaction due ({vec['compaction_due']}; {vec['graph_segments']} graph + "
                           f"{vec['flat_segments']} flat segments): localkb kb compact")
-            lines.append(f"{kb['name']}: {kb['chunks']} chunks, vectors "
+            lines.append(f"{kb['name']}: {plural(kb['chunks'], 'chunk')}, vectors "
                          f"{kb.get('vector_index', {}).get('count', '?')}, keywords "
                          f"{kb.get('keyword_index', {}).get('count', '?')}: {state}")
             if kb.get("repaired"):
@@ -684,7 +683,8 @@ def _chat_turn(args, out: Out, store, message: str, history: list, *, cache, kin
               end="", flush=True)
         return sys.stdin.readline().strip().lower() in {"y", "yes"}
 
-    options = ChatOptions(use_weaker_matches=args.weaker, strict=args.strict, kind=kind)
+    options = ChatOptions(use_weaker_matches=args.weaker, strict=args.strict, kind=kind,
+                          ask_weaker="ask again with --weaker")
     result = run_turn(store, args.kb, message, history=history,
                       endpoint=_chat_endpoint(args, store), options=options, cache=cache,
                       on_step=on_step, on_token=on_token, confirm=confirm)
@@ -934,8 +934,8 @@ def _team_export(kb, output: str, passphrase: str | None, out: Out) -> int:
     res = {"path": str(path), "bytes": len(raw), "encrypted": bool(passphrase), "origin": "team",
            "sources": int(headers.get("x-localkb-sources", 0)),
            "chunks": int(headers.get("x-localkb-chunks", 0))}
-    out.emit(res, f"exported {kb.record.name} from team {kb.team.name}: {res['sources']} sources, "
-             f"{res['chunks']} chunks, {len(raw):,} bytes -> {path}")
+    out.emit(res, f"exported {kb.record.name} from team {kb.team.name}: {plural(res['sources'], 'source')}, "
+             f"{plural(res['chunks'], 'chunk')}, {len(raw):,} bytes -> {path}")
     return 0
 
 
@@ -961,8 +961,8 @@ def _team_import(args, out: Out, store, passphrase: str | None) -> int:
     with team.client() as client:
         res = client.import_(raw, name=args.name, access=args.access)
     kb = res["knowledge_base"]
-    out.emit(res, f"imported {kb['name']} ({kb['id']}) into team {team.name}: {res['sources']} sources, "
-             f"{res['chunks']} chunks, access {res['access']}")
+    out.emit(res, f"imported {kb['name']} ({kb['id']}) into team {team.name}: "
+             f"{plural(res['sources'], 'source')}, {plural(res['chunks'], 'chunk')}, access {res['access']}")
     return 0
 
 

@@ -84,6 +84,7 @@ from localkb.ingest.progress import JobProgress
 from localkb.store.base import ChunkWrite, FileFingerprint, SourceWrite, StagedPassage
 from localkb.store.base import KnowledgeBaseHandle as KnowledgeBase
 from localkb.store.catalog import chunk_id, source_id
+from localkb.strings import plural
 
 CHUNKER_VERSION = "1"
 CAPTURED_BY = ("cli", "folder", "url", "context-menu", "side-panel", "toolbar", "import", "chat",
@@ -240,10 +241,6 @@ class IngestReport:
             line += (f"; {plural(len(self.staged), 'big source')} staged with {plural(n, 'passage')} "
                      "(the next run continues from there)")
         return line + "; run the same command to finish"
-
-
-def plural(n: int, word: str, many: str | None = None) -> str:
-    return f"{n:,} {word if n == 1 else (many or word + 's')}"
 
 
 def clock(seconds: float) -> str:
@@ -1114,8 +1111,9 @@ def settle_status(rep: SourceReport, *, new: bool) -> None:
         rep.status = "failed"
         reasons = sorted({f["reason"] for f in rep.failures})
         rep.error = {"code": NothingWritten.code,
-                     "message": f"none of its {rep.total} passages could be saved "
-                                f"({'; '.join(reasons)[:400]})"}
+                     "message": ("its passage could not be saved" if rep.total == 1 else
+                                 f"none of its {rep.total:,} passages could be saved")
+                                + f" ({'; '.join(reasons)[:400]})"}
         rep.removed = 0  # nothing of it was written, so nothing was removed either
     elif rep.failed:
         rep.status = "partial"
