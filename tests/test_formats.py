@@ -223,9 +223,10 @@ def test_the_host_reads_a_document_handed_over_as_bytes(documents, tmp_path):
         assert not bad["ok"] and bad["error"]["code"] == "invalid_input", bad
 
 
-def test_the_team_server_reads_a_document_posted_as_bytes(documents, team_db, settings):
+def test_the_team_server_reads_a_document_posted_as_bytes(documents, team_db, settings, tmp_path):
     import threading
 
+    from localkb.team.attached import attach
     from localkb.team.client import TeamClient
     from localkb.team.server import TeamAPI, TeamServer
 
@@ -243,16 +244,23 @@ def test_the_team_server_reads_a_document_posted_as_bytes(documents, team_db, se
             assert rep["status"] == "added" and rep["title"] == "Harbour tales", rep
             res = client.search([kb.id], "saltglass beacon", k=3)
         assert res["hits"][0]["text"].startswith("# Chapter 2: The lantern keeper"), res["hits"][0]
+        # `localkb add` to a team knowledge base sends a document's bytes and name the same way
+        home = tmp_path / "root"
+        attach(home, httpd.url, token)
+        added = run_cli(["add", "Handbook", str(documents / "deck.pptx"), "--json"], home)
+        assert added.returncode == 0, added.stdout + added.stderr
+        assert json.loads(added.stdout)["sources"][0]["status"] == "added"
+        with TeamClient(httpd.url, token) as client:
+            res = client.search([kb.id], "glimmerquay depot", k=3)
+        assert res["hits"][0]["text"].startswith("# Slide 3: Next steps"), res["hits"][0]
     finally:
         httpd.shutdown()
         httpd.server_close()
 
 
 # -- hostile files ------------------------------------------------------------------------
-def _zip_with_bomb(base: Path, out: Path, part: str, *, inflated: int, declared: int | None = None) -> Path:
-    """``base`` (a real .docx) with ``part`` (replaced or added) a deflate stream that inflates to
-    ``inflated`` zero bytes; its headers declare ``declared`` (the truth by default, less for a
-    lying archive). Written by hand: zipfile would deflate it all."""
+def _zeros_deflated(inflated: int) -> tuple[bytes, int]:
+    """A raw deflate stream of ``inflated`` zero bytes (a multiple of 16 MiB), and its CRC-32."""
     block = 16 * 1024 * 1024
     assert inflated % block == 0
     comp = zlib.compressobj(9, zlib.DEFLATED, -15)
@@ -260,7 +268,14 @@ def _zip_with_bomb(base: Path, out: Path, part: str, *, inflated: int, declared:
     crc = 0
     for _ in range(inflated // block):
         crc = zlib.crc32(bytes(block), crc)
-    stream = piece * (inflated // block) + b"\x03\x00"  # an empty final block ends it
+    return piece * (inflated // block) + b"\x03\x00", crc  # an empty final block ends it
+
+
+def _zip_with_bomb(base: Path, out: Path, part: str, *, inflated: int, declared: int | None = None) -> Path:
+    """``base`` (a real .docx) with ``part`` (replaced or added) a deflate stream that inflates to
+    ``inflated`` zero bytes; its headers declare ``declared`` (the truth by default, less for a
+    lying archive). Written by hand: zipfile would deflate it all."""
+    stream, crc = _zeros_deflated(inflated)
     declared = inflated if declared is None else declared
     name = part.encode()
     with zipfile.ZipFile(base) as src, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as dst:
@@ -318,13 +333,17 @@ def _add_measured(home: Path, path: Path, tmp: Path) -> tuple[int, dict, int]:
     return proc.returncode, json.loads(text), usage.ru_maxrss // 1024
 
 
-@pytest.mark.parametrize("kind", ["zip bomb", "lying zip bomb", "billion laughs"])
+@pytest.mark.parametrize("kind", ["zip bomb", "lying zip bomb", "billion laughs", "gzip bomb"])
 def test_a_hostile_document_is_refused_with_a_stable_code_in_bounded_memory(documents, tmp_path, kind):
     home = tmp_path / "home"
     run_cli(["kb", "create", "Docs"], home, check=True)
     base = documents / "handbook.docx"
-    bad = tmp_path / "hostile.docx"
-    if kind == "billion laughs":
+    bad = tmp_path / ("hostile.html.gz" if kind == "gzip bomb" else "hostile.docx")
+    if kind == "gzip bomb":
+        stream, crc = _zeros_deflated(3 * 1024 ** 3)
+        size = (3 * 1024 ** 3) % 2 ** 32
+        bad.write_bytes(b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff" + stream + struct.pack("<II", crc, size))
+    elif kind == "billion laughs":
         _replace_part(base, bad, "word/document.xml", BILLION_LAUGHS)
     else:
         # an honest bomb is refused from its declared size; a lying one (its main part says

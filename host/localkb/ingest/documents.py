@@ -59,7 +59,7 @@ DOCUMENT_TYPES = {
 }
 #: The most a document may inflate to, all its parts together (a zip's declared sizes, a
 #: gzip stream's output).
-MAX_INFLATED_BYTES = 256 * 1024 * 1024
+MAX_INFLATED_BYTES = 256 * 1000 * 1000
 #: The most parts a zip container may have (a real .docx has tens, a big .epub hundreds).
 MAX_MEMBERS = 20_000
 _XML_PARTS = (".xml", ".rels", ".opf", ".ncx", ".xhtml", ".html", ".htm", ".svg")
