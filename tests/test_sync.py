@@ -29,6 +29,19 @@ def note(folder: Path, name: str, topic: str, n: int = 3) -> Path:
     return path
 
 
+def count_embedded(kb, monkeypatch) -> list[int]:
+    """The sizes of the batches the model is given from now on."""
+    embedded: list[int] = []
+    real = kb.embedder.embed
+
+    def counting(texts, progress=None, **kw):
+        embedded.append(len(texts))
+        return real(texts, progress, **kw)
+
+    monkeypatch.setattr(kb.embedder, "embed", counting)
+    return embedded
+
+
 def stored_names(kb) -> set[str]:
     return {Path(r[0][5:]).name for r in kb.catalog.db.execute("SELECT key FROM sources WHERE kb_id = ?",
                                                                  (kb.id,))}
@@ -48,14 +61,7 @@ def test_sync_follows_edits_deletes_and_renames(kb, tmp_path, monkeypatch):
     (folder / "valve.md").unlink()  # deleted
     (folder / "fuse.md").rename(folder / "sub" / "fuse-renamed.md")  # renamed
     (folder / "photo.png").write_bytes(b"\x89PNG\r\n\x1a\n")
-    embedded: list[int] = []
-    real = kb.embedder.embed
-
-    def counting(texts, progress=None, **kw):
-        embedded.append(len(texts))
-        return real(texts, progress, **kw)
-
-    monkeypatch.setattr(kb.embedder, "embed", counting)
+    embedded = count_embedded(kb, monkeypatch)
     report = sync_folder(kb)  # the remembered folder
     by = report.totals()["by_status"]
     assert by["updated"] == 1 and by["unchanged"] == 1 and by["added"] == 1 and by["skipped"] == 1
@@ -85,14 +91,7 @@ def test_a_folder_synced_at_a_new_path_is_moved_not_doubled(kb, tmp_path, monkey
     new = tmp_path / "new" / "docs"
     shutil.copytree(old, new)
     note(new, "fuse.md", "fuse")  # one file more in the new place
-    embedded: list[int] = []
-    real = kb.embedder.embed
-
-    def counting(texts, progress=None, **kw):
-        embedded.append(len(texts))
-        return real(texts, progress, **kw)
-
-    monkeypatch.setattr(kb.embedder, "embed", counting)
+    embedded = count_embedded(kb, monkeypatch)
     report = sync_folder(kb, new)
     files = sorted(p.name for p in new.rglob("*.md"))
     assert kb.catalog.counts(kb.id)["sources"] == len(files) == 4, stored_names(kb)
