@@ -44,8 +44,21 @@ def test_a_named_empty_file_stores_nothing_and_exits_5(home, tmp_path, content):
     empty = tmp_path / "empty.md"
     empty.write_bytes(content)
     code, report = _add(home, empty)
-    assert report["sources"][0]["status"] in ("skipped", "failed"), report
+    src = report["sources"][0]
+    assert (src["status"], src["reason"]) == ("skipped", "empty"), src
     assert code == 5, report["summary"]
+
+
+def test_empty_files_of_a_folder_are_skipped_alike_whether_0_bytes_or_blank(home, tmp_path):
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "a.md").write_text("# Tides\n\nThe neap tide barely covers the slipway.\n")
+    (folder / "zero.md").write_bytes(b"")
+    (folder / "blank.txt").write_bytes(b" \n\n\t \n")
+    code, report = _add(home, folder)
+    reasons = {Path(s["name"]).name: (s["status"], s["reason"]) for s in report["sources"]}
+    assert reasons["zero.md"] == reasons["blank.txt"] == ("skipped", "empty"), reasons
+    assert code == 0, report["summary"]
 
 
 def test_a_folder_where_nothing_could_be_stored_exits_5(home, tmp_path):

@@ -16,7 +16,7 @@ These files are untrusted input. A zip container is checked from its central dir
 before anything inflates (member count, the total of the declared sizes), and Python's
 ``zipfile`` never inflates a member past its declared size (a lie ends in a CRC error), so
 a zip bomb is refused with ``unsafe_document`` in bounded memory. Every XML part is read
-(capped) and refused if it declares entities (billion laughs), before any library parses
+in blocks and refused if it declares entities (billion laughs), before any library parses
 it; the libraries' own parsers do not resolve entities either. A gzip stream inflates in
 blocks up to the same cap.
 """
@@ -32,7 +32,7 @@ from email import policy
 from email.parser import BytesParser
 from pathlib import Path, PurePosixPath
 
-from localkb.errors import InvalidDocument, UnsafeDocument
+from localkb.errors import EmptyDocument, InvalidDocument, UnsafeDocument
 from localkb.ingest.extract import (
     SUPPORTED_SUFFIXES,
     Document,
@@ -63,7 +63,8 @@ MAX_INFLATED_BYTES = 256 * 1000 * 1000
 #: The most parts a zip container may have (a real .docx has tens, a big .epub hundreds).
 MAX_MEMBERS = 20_000
 _XML_PARTS = (".xml", ".rels", ".opf", ".ncx", ".xhtml", ".html", ".htm", ".svg")
-_ENTITY = re.compile(rb"<!ENTITY", re.IGNORECASE)
+#: An entity declaration as UTF-8 (or any ASCII superset) and UTF-16 write it.
+_ENTITY = re.compile(b"|".join(re.escape("<!ENTITY".encode(e)) for e in ("ascii", "utf-16-le", "utf-16-be")))
 
 
 def kind_of(name: str, content_type: str | None = None, head: bytes = b"") -> str | None:
@@ -123,7 +124,7 @@ def extract_document(data: bytes, *, name: str, content_type: str | None = None,
         except Exception as err:  # the libraries' own errors (lxml, openpyxl, ebooklib)
             raise InvalidDocument(f"the {kind} file could not be read: {type(err).__name__}: {err}") from err
     if not any(s.text.strip() for s in doc.sections):
-        raise InvalidDocument(f"the {kind} file has no text")
+        raise EmptyDocument(f"the {kind} file has no text")
     doc.type, doc.url, doc.file_name = kind, url, file_name
     fallback = file_name or (url.rsplit("/", 1)[-1] if url else None) or f"Untitled {kind}"
     doc.title = clean_title(title or doc.title or fallback)[:300]
@@ -158,34 +159,25 @@ def _open_zip(data: bytes, kind: str) -> zipfile.ZipFile:
     return zf
 
 
-def read_capped(stream, cap: int, what: str) -> bytes:
-    """All of ``stream``, read in blocks, refused once past ``cap`` bytes."""
-    out = bytearray()
-    while block := stream.read(1 << 20):
-        out += block
-        if len(out) > cap:
-            raise UnsafeDocument(f"{what} inflates past the {_human(cap)} limit: refused as a zip bomb",
-                                 detail={"limit": cap})
-    return bytes(out)
-
-
 def _check_xml_parts(zf: zipfile.ZipFile) -> None:
-    """Refuse a container any of whose XML parts declares entities (billion laughs)."""
-    left = MAX_INFLATED_BYTES
+    """Refuse a container any of whose XML parts declares entities (billion laughs).
+
+    Each part is read in 1 MiB blocks (a little of the last one kept, so a declaration split
+    between two blocks is seen), never whole; ``zipfile`` stops it at its declared size.
+    """
     for info in zf.infolist():
-        if not info.filename.lower().endswith(_XML_PARTS) and info.filename != "mimetype":
+        if not info.filename.lower().endswith(_XML_PARTS):
             continue
+        tail = b""
         try:
             with zf.open(info) as fh:
-                raw = read_capped(fh, left, info.filename)
+                while block := fh.read(1 << 20):
+                    if _ENTITY.search(tail + block):
+                        raise UnsafeDocument(f"{info.filename} declares XML entities (a billion-laughs "
+                                             "document is built this way): refused")
+                    tail = block[-32:]
         except zipfile.BadZipFile as err:
             raise InvalidDocument(f"{info.filename} is damaged: {err}") from err
-        left -= len(raw)
-        text = raw.decode("utf-16", errors="replace").encode() if raw.startswith((b"\xff\xfe", b"\xfe\xff")) \
-            else raw
-        if _ENTITY.search(text):
-            raise UnsafeDocument(f"{info.filename} declares XML entities (a billion-laughs document is "
-                                 "built this way): refused")
 
 
 def _gzip(data: bytes, *, name: str, url: str | None, title: str | None) -> Document:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from localkb.errors import InvalidDocument
+from localkb.errors import EmptyDocument, InvalidDocument
 
 
 @dataclass
@@ -573,7 +573,7 @@ def extract_text(text: str, *, kind: str = "text", title: str | None = None,
     """Plain text or Markdown; the title is the first heading or line when none is given."""
     body = _tidy(text)
     if not body:
-        raise InvalidDocument("the text is empty")
+        raise EmptyDocument("the text is empty")
     if not title:
         first = body.split("\n", 1)[0]
         heading = first.lstrip("#").strip() if first.startswith("#") else ""

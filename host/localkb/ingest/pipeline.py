@@ -55,6 +55,7 @@ from localkb.errors import (
     AmbiguousReference,
     Cancelled,
     EmbeddingUnavailable,
+    EmptyDocument,
     FetchFailed,
     InvalidDocument,
     InvalidInput,
@@ -538,7 +539,10 @@ class _Job:
                 item.counted += step
                 self.progress.chunked(step, 0, 0)
 
-            doc, unit = open_file(path, on_read=on_read)
+            try:
+                doc, unit = open_file(path, on_read=on_read)
+            except EmptyDocument:  # blank: empty, as a 0-byte file is
+                return self.skipped_report(item, "empty")
             if unit == "pages" and doc.page_count:
                 per_unit["f"] = st.st_size / doc.page_count
             elif unit == "bytes":
