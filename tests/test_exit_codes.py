@@ -18,22 +18,29 @@ def home(tmp_path: Path) -> Path:
     return home
 
 
+TIDES = "# Tides\n\nThe spring tide floods the lower quay.\n"
+
+
+def _folder(parent: Path, name: str, files: dict[str, str | bytes]) -> Path:
+    folder = parent / name
+    folder.mkdir()
+    for file, content in files.items():
+        (folder / file).write_bytes(content if isinstance(content, bytes) else content.encode())
+    return folder
+
+
 def _add(home: Path, *items: Path | str) -> tuple[int, dict]:
     res = run_cli(["add", "Docs", *map(str, items), "--json"], home)
     return res.returncode, json.loads(res.stdout) if res.stdout.strip() else {}
 
 
 def test_all_stored_exits_0(home, tmp_path):
-    (tmp_path / "a.md").write_text("# Tides\n\nThe spring tide floods the lower quay.\n")
-    code, report = _add(home, tmp_path / "a.md")
+    code, report = _add(home, _folder(tmp_path, "one", {"a.md": TIDES}) / "a.md")
     assert code == 0, report["summary"]
 
 
 def test_some_stored_and_some_failed_exits_10(home, tmp_path):
-    folder = tmp_path / "mixed"
-    folder.mkdir()
-    (folder / "good.md").write_text("# Tides\n\nThe spring tide floods the lower quay.\n")
-    (folder / "broken.pdf").write_bytes(b"%PDF-1.4 this is no PDF at all")
+    folder = _folder(tmp_path, "mixed", {"good.md": TIDES, "broken.pdf": b"%PDF-1.4 this is no PDF at all"})
     code, report = _add(home, folder)
     assert report["totals"]["by_status"]["added"] == 1 and report["totals"]["sources_failed"] == 1
     assert code == 10, report["summary"]
@@ -50,11 +57,7 @@ def test_a_named_empty_file_stores_nothing_and_exits_5(home, tmp_path, content):
 
 
 def test_empty_files_of_a_folder_are_skipped_alike_whether_0_bytes_or_blank(home, tmp_path):
-    folder = tmp_path / "notes"
-    folder.mkdir()
-    (folder / "a.md").write_text("# Tides\n\nThe neap tide barely covers the slipway.\n")
-    (folder / "zero.md").write_bytes(b"")
-    (folder / "blank.txt").write_bytes(b" \n\n\t \n")
+    folder = _folder(tmp_path, "notes", {"a.md": TIDES, "zero.md": b"", "blank.txt": b" \n\n\t \n"})
     code, report = _add(home, folder)
     reasons = {Path(s["name"]).name: (s["status"], s["reason"]) for s in report["sources"]}
     assert reasons["zero.md"] == reasons["blank.txt"] == ("skipped", "empty"), reasons
@@ -62,20 +65,13 @@ def test_empty_files_of_a_folder_are_skipped_alike_whether_0_bytes_or_blank(home
 
 
 def test_a_folder_where_nothing_could_be_stored_exits_5(home, tmp_path):
-    folder = tmp_path / "pictures"
-    folder.mkdir()
-    (folder / "a.png").write_bytes(b"\x89PNG\r\n\x1a\n")
-    (folder / "b.md").write_bytes(b"")
-    code, report = _add(home, folder)
+    code, report = _add(home, _folder(tmp_path, "pictures", {"a.png": b"\x89PNG\r\n\x1a\n", "b.md": b""}))
     assert report["totals"]["skipped"] == 2
     assert code == 5, report["summary"]
 
 
 def test_a_folder_with_stored_files_beside_skipped_ones_exits_0(home, tmp_path):
-    folder = tmp_path / "notes"
-    folder.mkdir()
-    (folder / "a.png").write_bytes(b"\x89PNG\r\n\x1a\n")
-    (folder / "b.md").write_text("# Tides\n\nThe neap tide barely covers the slipway.\n")
+    folder = _folder(tmp_path, "notes", {"a.png": b"\x89PNG\r\n\x1a\n", "b.md": TIDES})
     code, report = _add(home, folder)
     assert code == 0, report["summary"]
     again, report = _add(home, folder)  # everything unchanged: all stored still
