@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from conftest import run_cli
+from conftest import count_embedded, run_cli
 from hostproc import HostProcess
 from localkb.errors import InvalidInput
 from localkb.ingest import pipeline
@@ -27,19 +27,6 @@ def note(folder: Path, name: str, topic: str, n: int = 3) -> Path:
         f"The {topic} section {i} explains how the {topic} works on day {i}." for i in range(n)),
         encoding="utf-8")
     return path
-
-
-def count_embedded(kb, monkeypatch) -> list[int]:
-    """The sizes of the batches the model is given from now on."""
-    embedded: list[int] = []
-    real = kb.embedder.embed
-
-    def counting(texts, progress=None, **kw):
-        embedded.append(len(texts))
-        return real(texts, progress, **kw)
-
-    monkeypatch.setattr(kb.embedder, "embed", counting)
-    return embedded
 
 
 def stored_names(kb) -> set[str]:
