@@ -250,3 +250,18 @@ def test_the_host_syncs_the_remembered_folder(tmp_path):
                    for e in events)
         nothing = host.request({"id": 2, "type": "kb.sync", "data": {"kb": "Nope"}})
         assert nothing["error"]["code"] == "kb_not_found"
+
+
+def test_the_host_prunes_a_folder_no_longer_synced_when_asked(tmp_path):
+    home = tmp_path / "home"
+    run_cli(["kb", "create", "Docs"], home, check=True)
+    note(tmp_path / "first", "a.md", "alpha")
+    note(tmp_path / "second", "b.md", "beta")
+    run_cli(["sync", "Docs", str(tmp_path / "first")], home, check=True)
+    run_cli(["sync", "Docs", str(tmp_path / "second")], home, check=True)
+    with HostProcess(HOST, home=home) as host:
+        kept = host.request({"id": 1, "type": "kb.sync", "data": {"kb": "Docs"}})
+        assert [Path(p).name for p in kept["result"]["unsynced"]] == ["a.md"], kept
+        pruned = host.request({"id": 2, "type": "kb.sync", "data": {"kb": "Docs", "prune": True}})
+        assert [Path(r["name"]).name for r in pruned["result"]["removed_sources"]] == ["a.md"], pruned
+        assert pruned["result"]["unsynced"] == []
