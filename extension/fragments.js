@@ -22,14 +22,33 @@ export function encodeTextTerm(term) {
 }
 
 /**
- * The words of one line, without leading/trailing tokens that carry no
- * letter or digit (list bullets, heading marks, stray dashes): those are
- * often produced by extraction and are not in the page's visible text.
+ * A passage line's Markdown as the page renders it: no code backticks, no
+ * emphasis marks, a link's text without its address, table cells as words,
+ * no ordered-list number (the browser draws it; no text fragment can match it).
+ * An identifier's underscores and a lone `*` are text and stay.
+ * @param {string} line
+ * @returns {string}
+ */
+export function renderedLine(line) {
+  return line
+    .replace(/!?\[([^\]]*)\]\([^)\s]*(?:\s+"[^"]*")?\)/g, "$1")
+    .replace(/`+([^`]*)`+/g, "$1")
+    .replace(/(^|[^\w*])(\*\*|__)(?=\S)(.+?)(?<=\S)\2(?![\w*])/g, "$1$3")
+    .replace(/(^|[^\w*])([*_])(?=\S)(.+?)(?<=\S)\2(?![\w*])/g, "$1$3")
+    .replace(/\\([\\`*_{}[\]()#+\-.!|])/g, "$1")
+    .replace(/^\s*\|/, "").replace(/\|\s*$/, "").replace(/\s\|\s/g, " ")
+    .replace(/^\s*\d{1,9}[.)](?=\s)/, "");
+}
+
+/**
+ * The words of one line as rendered, without leading/trailing tokens that
+ * carry no letter or digit (list bullets, heading marks, stray dashes): those
+ * are often produced by extraction and are not in the page's visible text.
  * @param {string} line
  * @returns {string[]}
  */
 function lineWords(line) {
-  const words = line.split(/\s+/).filter(Boolean);
+  const words = renderedLine(line).split(/\s+/).filter(Boolean);
   let start = 0;
   let end = words.length;
   while (start < end && !HAS_WORD_CHAR.test(words[start])) start += 1;

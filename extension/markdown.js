@@ -128,6 +128,9 @@ export function renderMarkdown(text, options = {}) {
     if (link.classList.contains("cite") && byN.has(Number(link.dataset.n))) {
       const n = Number(link.dataset.n);
       link.setAttribute("aria-label", `Citation ${n}: ${byN.get(n)?.title ?? "passage"}`);
+      // Not a Tab stop: every citation is also a button in the sources row under the answer,
+      // so the keyboard reaches each source once instead of once per [n] in the text.
+      link.tabIndex = -1;
       link.addEventListener("click", (e) => {
         e.preventDefault();
         options.onCite?.(n);

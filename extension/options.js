@@ -54,7 +54,7 @@ function confirmAction(text, action = "Delete") {
 
 /**
  * Ask for a line of text (a name, a passphrase).
- * @param {{title: string, label: string, hint?: string, value?: string, password?: boolean, required?: boolean, ok?: string}} opts
+ * @param {{title: string, label: string, hint?: string, value?: string, password?: boolean, required?: boolean, ok?: string, maxLength?: number}} opts
  * @returns {Promise<string | null>} null when cancelled
  */
 function askText(opts) {
@@ -69,6 +69,8 @@ function askText(opts) {
   input.value = opts.value ?? "";
   input.required = Boolean(opts.required);
   input.autocomplete = opts.password ? "new-password" : "off";
+  if (opts.maxLength) input.maxLength = opts.maxLength;
+  else input.removeAttribute("maxlength");
   dialog.returnValue = "";
   dialog.showModal();
   input.select();
@@ -105,6 +107,9 @@ async function guarded(fn) {
 
 // ---- host ----
 
+/** The longest knowledge base name the host accepts (its `status.limits.kb_name`). */
+let nameMax = 80;
+
 async function connect() {
   setChildren($("host-missing-slot"));
   let status;
@@ -116,6 +121,9 @@ async function connect() {
   }
   $("app").hidden = false;
   renderHost(status);
+  // Names the host would refuse cannot be typed (its limit, not a copy of it).
+  nameMax = Number(status?.limits?.kb_name) || nameMax;
+  for (const id of ["new-kb-name", "import-name"]) $(id).setAttribute("maxlength", String(nameMax));
   await guarded(loadKnowledgeBases);
   await guarded(loadEndpoints);
   await guarded(loadErrors);
@@ -230,7 +238,7 @@ function renderKnowledgeBases() {
           button("Export", `Export ${kb.name}`, () => exportKb(kb)),
           kb.id === state.defaultKb
             ? null
-            : button("Make default", `Save to ${kb.name} from the right-click menu`, async () => {
+            : button("Make default", `Make default: save to ${kb.name} from the right-click menu`, async () => {
                 await setDefaultKnowledgeBase(kb.id);
                 state.defaultKb = kb.id;
                 renderKnowledgeBases();
@@ -257,7 +265,7 @@ function button(text, label, onclick, extra = "") {
 
 /** @param {any} kb */
 async function rename(kb) {
-  const name = await askText({ title: "Rename knowledge base", label: "Name", value: kb.name, required: true, ok: "Rename" });
+  const name = await askText({ title: "Rename knowledge base", label: "Name", value: kb.name, required: true, ok: "Rename", maxLength: nameMax });
   if (name === null || !name.trim() || name.trim() === kb.name) return;
   await host.request("kb.update", { kb: kb.id, name: name.trim() });
   flash(`Renamed to ${name.trim()}.`);

@@ -15,6 +15,7 @@ import { sourceLink } from "./fragments.js";
 import { rememberKnowledgeBases } from "./kbs.js";
 import { copyText, ready as markdownReady, renderMarkdown } from "./markdown.js";
 import { HostError, NativeHost } from "./native.js";
+import { initPageChat, pageRequest, resetPageChat } from "./pagechat.js";
 import {
   canTestSearch,
   canUseWeaker,
@@ -23,10 +24,12 @@ import {
   locationWords,
   modelLine,
   passageFacts,
+  passageSnippet,
   privacyLabel,
   progressText,
   scoreBars,
   stepLine,
+  tellApart,
 } from "./render.js";
 
 const host = new NativeHost();
@@ -61,6 +64,8 @@ const $ = (id) => document.getElementById(id);
  * @property {any[]} [tool_calls]
  * @property {boolean} [stopped]
  * @property {{code: string, message: string}} [error]
+ * @property {{endpoint: string, code: string, message: string} | null} [model_error] the model was asked and failed
+ * @property {boolean} [summarize] the open page's summary (pagechat.js), not a question
  */
 
 const state = {
@@ -72,6 +77,10 @@ const state = {
   /** @type {import("./chats.js").Chat} */ chat: newChat(),
   /** @type {AbortController | null} */ asking: null,
   hostDown: false,
+  /** The last failure of each model this panel asked (cleared by its next answer). @type {Map<string, string>} */
+  modelProblems: new Map(),
+  /** Whether the conversation follows new text; the reader scrolling up turns it off. */
+  follow: true,
 };
 
 // ---- start-up and the host connection ----
@@ -93,6 +102,7 @@ async function connect() {
   await restoreChat();
   await renderJobs();
   setReady(true);
+  initPageChat({ host, ask, currentModel, flash: flashNotice });
   if (document.activeElement === document.body) $("question").focus();
 }
 
@@ -205,6 +215,14 @@ function renderModel() {
     where.textContent = "quotes passages";
     where.className = "pill muted";
     where.title = modelLine(null);
+  } else if (state.modelProblems.has(model.short)) {
+    // It failed when last asked: the header says so until it answers again.
+    name.textContent = model.name;
+    name.title = `${model.name} did not answer: ${state.modelProblems.get(model.short)}`;
+    where.hidden = false;
+    where.textContent = "not answering";
+    where.className = "pill bad";
+    where.title = name.title;
   } else {
     const words = locationWords(model.location);
     name.textContent = model.name;
@@ -232,9 +250,10 @@ function renderKnowledgeBases(defaultKb) {
   const cloud = modelIsCloud();
   const model = currentModel();
   const filter = /** @type {HTMLInputElement} */ ($("kb-filter")).value.trim().toLowerCase();
-  const items = state.kbs
-    .filter((kb) => !filter || kb.name.toLowerCase().includes(filter))
-    .map((kb) => {
+  const shown = state.kbs.filter((kb) => !filter || kb.name.toLowerCase().includes(filter));
+  const kbsApart = tellApart(shown.map((kb) => ({ label: kb.name, details: [kb.origin === "team" ? `team ${kb.team ?? ""}` : "this computer"] })));
+  const items = shown
+    .map((kb, i) => {
       const id = `kb-${kb.id}`;
       const blocked = cloud && kb.privacy !== "cloud";
       const team = kb.origin === "team";
@@ -254,6 +273,7 @@ function renderKnowledgeBases(defaultKb) {
           },
         }),
         el("span", { class: "name", text: kb.name }),
+        kbsApart[i] ? el("span", { class: "apart muted", text: kbsApart[i] }) : null,
         team ? el("span", { class: "pill muted", text: "team", title: kb.team ? `From the team server ${kb.team}` : "From a team server" }) : null,
         el("span", { class: "count muted", text: `${kb.sources ?? 0} src` }),
         el("span", {
@@ -365,14 +385,16 @@ async function renderJobs() {
     $("grant-hint").textContent =
       "LocalKB could not tell which site this tab is on. Right-click the page and choose “Save page to LocalKB”: that lets it read this one page.";
   }
-  const rows = jobs.map((job) => {
+  const jobsApart = tellApart(jobs.map((job) => ({ label: String(job.title ?? ""), details: jobDetails(job) })));
+  const rows = jobs.map((job, i) => {
     const running = job.state === "capturing" || job.state === "saving";
     let kind = job.state;
     if (job.state === "done") kind = job.report?.failed ? "partial" : job.text === "unchanged" ? "unchanged" : "done";
     return el(
       "li",
       { class: `job ${kind}`, dataset: { job: job.id, state: job.state } },
-      el("span", { class: "title", text: job.title, title: job.url ?? job.title }),
+      el("span", { class: "title" }, el("span", { class: "t", text: job.title, title: job.url ?? job.title }),
+        jobsApart[i] ? el("span", { class: "d", text: jobsApart[i] }) : null),
       running
         ? el("button", {
             type: "button",
@@ -407,6 +429,17 @@ async function renderJobs() {
     status.textContent = running ? `Saving ${newest.title} · ${progressText(newest)}` : `${newest.title} · ${jobLine(newest)}`;
     status.dataset.kind = newest.state === "done" ? (newest.report?.failed ? "partial" : "done") : newest.state;
     status.title = status.textContent;
+  }
+  // A bar while the newest save runs: its count when there is one, moving when there is none yet
+  // (reading the page, preparing the model).
+  const bar = /** @type {HTMLProgressElement} */ ($("save-progress"));
+  const running = newest && (newest.state === "capturing" || newest.state === "saving");
+  bar.hidden = !running;
+  if (running && newest.total && newest.stage !== "model") {
+    bar.max = newest.total;
+    bar.value = newest.done ?? 0;
+  } else {
+    bar.removeAttribute("value"); // indeterminate
   }
 }
 
@@ -471,6 +504,7 @@ async function saveChat() {
 async function startNewChat() {
   if (state.asking) return;
   state.chat = newChat();
+  resetPageChat(); // the page's cloud allowance is given per chat
   await chats.setCurrent(state.chat.id);
   renderChat();
   $("question").focus();
@@ -496,7 +530,7 @@ async function renderChatList() {
       const item = el("li", { class: "chat-item", dataset: { chat: c.id }, "aria-current": String(c.id === state.chat.id) });
       const open = el(
         "button",
-        { type: "button", class: "open", "aria-label": `Open chat ${c.title}`, onclick: () => openChat(c.id) },
+        { type: "button", class: "open", title: `Open chat ${c.title}`, onclick: () => openChat(c.id) },
         el("span", { class: "t", text: c.title }),
         el("span", { class: "d", text: `${formatDate(c.updated)} · ${c.questions} question${c.questions === 1 ? "" : "s"}` }),
       );
@@ -652,7 +686,7 @@ function historyBefore(upTo) {
 /**
  * Ask (or ask again) a question, streaming the answer into the conversation.
  * @param {string} message
- * @param {{weakerKbs?: string[], replace?: number, keepAfter?: boolean, continueFrom?: string, continueKbs?: string[]}} [options]
+ * @param {{weakerKbs?: string[], replace?: number, keepAfter?: boolean, continueFrom?: string, continueKbs?: string[], summarize?: boolean, pageId?: string}} [options]
  *   replace: index of the turn to answer again; continueFrom: the stopped answer to continue,
  *   continueKbs: its provenance (the host's `provenance` event); without it the host treats the
  *   text as device only
@@ -662,7 +696,12 @@ async function ask(message, options = {}) {
   const kbs = options.replace !== undefined && options.keepAfter !== false
     ? state.chat.turns[options.replace].kbs
     : [...state.selected];
-  if (!kbs.length) {
+  // The open page (pagechat.js), searched beside the knowledge bases when one is attached.
+  const page = await pageRequest(options.pageId).catch((err) => {
+    flashNotice(`This page could not be read again: ${err.message}`);
+    return null;
+  });
+  if (!kbs.length && !page) {
     flashNotice("Pick at least one knowledge base to ask (Ask in, above the question box).");
     return;
   }
@@ -673,6 +712,9 @@ async function ask(message, options = {}) {
   const endpoint = state.endpoint === NO_MODEL ? null : state.endpoint;
   /** @type {Turn} */
   const turn = { message, kbs, endpoint, weakerKbs: options.weakerKbs ?? [] };
+  // A summary asked again (Regenerate, Try again) is a summary again.
+  const summarize = options.summarize ?? (options.replace !== undefined && Boolean(state.chat.turns[options.replace]?.summarize));
+  if (summarize) turn.summarize = true;
   const block = assistantBlock();
   if (options.replace === undefined) {
     box.append(userBlock(turn, index), block.root);
@@ -685,7 +727,7 @@ async function ask(message, options = {}) {
   }
   block.answer.classList.add("streaming");
   block.answer.setAttribute("aria-busy", "true");
-  box.scrollTop = box.scrollHeight;
+  scrollToNewest(); // asking follows the new answer again
 
   const controller = new AbortController();
   state.asking = controller;
@@ -694,9 +736,28 @@ async function ask(message, options = {}) {
   const prefix = options.continueFrom ?? "";
   let streamed = prefix;
   let frame = 0;
+  // Between the search and the first token a model may take long to load: say so, with the time.
+  let waiting = 0;
+  const startWaiting = () => {
+    if (!endpoint || waiting || streamed !== prefix) return;
+    const since = Date.now();
+    const name = state.endpoints.find((e) => e.name === endpoint)?.name ?? endpoint;
+    const tick = () => {
+      block.summary.textContent = `Waiting for ${name}… ${Math.floor((Date.now() - since) / 1000)} s`;
+    };
+    tick();
+    waiting = setInterval(tick, 1000);
+  };
+  const stopWaiting = () => {
+    if (waiting) clearInterval(waiting);
+    waiting = -1; // never again in this turn
+  };
   let requestId = "";
   /** @type {Record<string, any>} */
-  const data = { kbs, message, history };
+  const data = { message, history };
+  if (kbs.length) data.kbs = kbs;
+  if (page) Object.assign(data, page);
+  if (summarize) data.summarize = true;
   if (endpoint) data.endpoint = endpoint;
   else if (state.endpoints.length) data.extractive = true; // chosen; without endpoints the host says so itself
   if (turn.weakerKbs?.length) data.use_weaker_matches = turn.weakerKbs;
@@ -719,25 +780,31 @@ async function ask(message, options = {}) {
           if (old) old.replaceWith(li);
           else block.steps.append(li);
           stepsByKb.set(payload.kb, li);
-          block.summary.textContent = `Searching… ${stepsByKb.size} of ${kbs.length} done`;
+          if (waiting === 0) block.summary.textContent = `Searching… ${stepsByKb.size} of ${kbs.length + (page ? 1 : 0)} done`;
           renderAlerts(block, [...stepsByKb.keys()].map((k) => stepsByKb.get(k).__status), turn, index);
+          if (stepsByKb.size >= kbs.length + (page ? 1 : 0)) startWaiting();
         } else if (event === "provenance") {
           // Every knowledge base that reached the prompt, sent before the first token: a turn
           // stopped mid-stream keeps it, so its text goes on only where the gate allows.
           if (Array.isArray(payload?.kbs)) turn.sourceKbs = payload.kbs;
+          startWaiting(); // the prompt is built: what follows is the model
         } else if (event === "token") {
+          if (waiting !== -1) {
+            stopWaiting();
+            block.summary.textContent = `${endpoint ?? "The model"} is writing…`;
+          }
           streamed += payload?.text ?? "";
           // Markdown is re-rendered at most once per frame while the answer grows.
           if (!frame) {
             frame = requestAnimationFrame(() => {
               frame = 0;
               setChildren(block.answer, renderMarkdown(streamed));
-              box.scrollTop = box.scrollHeight;
+              followNewest();
             });
           }
         } else if (event === "confirm") {
           block.confirm.append(confirmCard(payload, requestId));
-          box.scrollTop = box.scrollHeight;
+          followNewest();
         }
       },
     });
@@ -754,7 +821,13 @@ async function ask(message, options = {}) {
       rewritten_query: result.rewritten_query,
       sourceKbs: Array.isArray(result.kbs) ? result.kbs : undefined,
       tool_calls: result.tool_calls ?? [],
+      model_error: result.model_error ?? null,
     });
+    if (endpoint) {
+      if (result.model_error) state.modelProblems.set(endpoint, result.model_error.message);
+      else if (result.generated) state.modelProblems.delete(endpoint);
+      renderModel();
+    }
   } catch (err) {
     const e = /** @type {HostError} */ (err);
     if (e.code === "cancelled") {
@@ -770,6 +843,7 @@ async function ask(message, options = {}) {
     else if (HOST_GONE.has(e.code)) setHostDown(true);
   } finally {
     if (frame) cancelAnimationFrame(frame);
+    stopWaiting();
   }
   try {
     for (const card of block.confirm.querySelectorAll(".confirm-card")) settleConfirm(/** @type {any} */ (card), turn);
@@ -780,7 +854,32 @@ async function ask(message, options = {}) {
     state.asking = null;
     setAsking(false);
   }
-  box.scrollTop = box.scrollHeight;
+  followNewest();
+}
+
+// ---- following the newest text ----
+
+const FOLLOW_SLACK_PX = 40;
+
+/** Keep the newest text in view, unless the reader has scrolled up to read. */
+function followNewest() {
+  if (state.follow) $("conversation").scrollTop = $("conversation").scrollHeight;
+  else $("scroll-bottom").hidden = false;
+}
+
+/** Scroll to the newest text and follow it again. */
+function scrollToNewest() {
+  state.follow = true;
+  $("scroll-bottom").hidden = true;
+  $("conversation").scrollTop = $("conversation").scrollHeight;
+}
+
+/** A scroll away from the bottom (by the reader) stops following; back at the bottom resumes it. */
+function onConversationScroll() {
+  const box = $("conversation");
+  const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight <= FOLLOW_SLACK_PX;
+  state.follow = atBottom;
+  $("scroll-bottom").hidden = atBottom;
 }
 
 /**
@@ -807,24 +906,26 @@ function renderFinal(block, turn, index) {
     turn.answer ? renderMarkdown(turn.answer, { citations, onCite: (n) => openPassage(byN.get(n)) }) : null,
   );
   block.answer.hidden = !turn.answer;
+  const apart = tellApart(citations.map((c) => ({ label: c.title || c.url || "passage", details: citationDetails(c) })));
   setChildren(
     block.sources,
-    ...citations.map((c) =>
-      el("button", {
-        type: "button",
-        class: "small",
-        text: `[${c.n}] ${c.title || c.url || "passage"}`,
-        title: `${c.kb_name ?? ""} · ${c.title ?? ""}`,
-        onclick: () => openPassage(c),
-      }),
+    ...citations.map((c, i) =>
+      el(
+        "button",
+        { type: "button", class: "small chip", title: `${c.kb_name ?? ""} · ${c.title ?? ""}${apart[i] ? ` · ${apart[i]}` : ""}`, onclick: () => openPassage(c) },
+        el("span", { class: "t", text: `[${c.n}] ${c.title || c.url || "passage"}` }),
+        apart[i] ? el("span", { class: "d", text: apart[i] }) : null,
+      ),
     ),
   );
   // Skipped and unavailable knowledge bases already have their own lines above.
   const shown = new Set(statuses.filter((s) => s.status === "skipped" || s.status === "unavailable").map((s) => s.kb_name));
   // ...and a model's write request has its card, which says how it ended.
   const carded = block.confirm.childElementCount > 0;
+  const failedNote = turn.model_error ? `The model ${turn.model_error.endpoint} failed` : null;
   const notes = (turn.notes ?? []).filter(
     (n) =>
+      !(failedNote && n.startsWith(failedNote)) &&
       ![...shown].some((name) => n.startsWith(`${name} was not searched`) || n.startsWith(`The search of ${name} did not run`)) &&
       !(carded && (n.startsWith("add_to_knowledge_base:") || n.startsWith("Saved “"))),
   );
@@ -839,6 +940,8 @@ function renderFinal(block, turn, index) {
   block.root.querySelector(".answer-error")?.remove();
   block.root.querySelector(".stopped")?.remove();
   if (turn.error) block.meta.before(errorBox(turn, index));
+  // A model that failed: its reason comes first, the quoted passages after it.
+  else if (turn.model_error) block.answer.before(modelErrorBox(turn, index));
   if (turn.stopped) block.meta.before(el("p", { class: "stopped", text: "Stopped before the answer was finished." }));
   const actions = [];
   if (turn.answer) {
@@ -847,8 +950,40 @@ function renderFinal(block, turn, index) {
   if (turn.stopped && turn.answer && turn.endpoint) {
     actions.push(el("button", { type: "button", class: "link", text: "Continue", "aria-label": "Continue this answer", onclick: () => ask(turn.message, { replace: index, continueFrom: turn.answer, continueKbs: turn.sourceKbs, weakerKbs: turn.weakerKbs }) }));
   }
-  actions.push(el("button", { type: "button", class: "link", text: "Regenerate", "aria-label": "Ask this question again", onclick: () => ask(turn.message, { replace: index }) }));
+  actions.push(el("button", { type: "button", class: "link", text: "Regenerate", "aria-label": "Regenerate this answer", onclick: () => ask(turn.message, { replace: index }) }));
   setChildren(block.actions, ...actions);
+}
+
+/**
+ * What can tell a cited passage from another of the same title: its knowledge base, its site,
+ * its path (or file), its place in the source.
+ * @param {any} c
+ * @returns {string[]}
+ */
+function citationDetails(c) {
+  const details = [c.kb_name ?? ""];
+  try {
+    const url = new URL(c.url);
+    details.push(url.host, url.pathname.split("/").filter(Boolean).slice(-2).join("/"));
+  } catch {
+    details.push("", c.file_name ?? "");
+  }
+  if (Number.isInteger(c.chunk_index)) details.push(`passage ${c.chunk_index + 1}`);
+  return details;
+}
+
+/**
+ * What tells one save from another of the same title: its site, its path, its knowledge base.
+ * @param {any} job
+ * @returns {string[]}
+ */
+function jobDetails(job) {
+  try {
+    const url = new URL(job.url);
+    return [url.host, url.pathname.split("/").filter(Boolean).slice(-2).join("/"), job.kbName ?? ""];
+  } catch {
+    return ["", "", job.kbName ?? ""];
+  }
 }
 
 /**
@@ -906,6 +1041,22 @@ function errorBox(turn, index) {
   } else {
     box.append(row);
   }
+  return box;
+}
+
+/**
+ * The model was asked and failed: why, first, and what the quotes below are.
+ * @param {Turn} turn
+ * @param {number} index
+ */
+function modelErrorBox(turn, index) {
+  const failure = /** @type {{endpoint: string, message: string}} */ (turn.model_error);
+  const box = el("div", { class: "answer-error", role: "alert" });
+  box.append(
+    el("p", { text: `${failure.endpoint} did not answer: ${failure.message}` }),
+    el("p", { class: "small-text", text: "Below, the best passages are quoted instead. Check that the model is running, or choose another one above." }),
+    el("div", { class: "row" }, el("button", { type: "button", class: "small primary", text: "Try again", onclick: () => ask(turn.message, { replace: index }) })),
+  );
   return box;
 }
 
@@ -1134,8 +1285,8 @@ async function testSearch(status, query) {
     el(
       "div",
       { class: "bar-row", dataset: { above: String(row.above) } },
-      el("span", { class: "bar-title", text: row.label, title: row.label }),
-      el("span", { class: "bar-snippet", text: snippet(row.hit.text, row.hit.title) }),
+      el("span", { class: "bar-title", text: `${row.label} · search rank ${row.rank}`, title: row.label }),
+      el("span", { class: "bar-snippet", text: passageSnippet(row.hit.text, row.hit.title) }),
       el(
         "div",
         { class: "bar-track" },
@@ -1166,21 +1317,6 @@ async function testSearch(status, query) {
     area,
     el("div", { class: "axis" }, el("span", { text: `similarity ${formatScore(layout.min)}` }), el("span", { text: formatScore(layout.max) })),
   );
-}
-
-/**
- * The first words of a passage, for the search test's rows: without the title line the host
- * puts in front of every passage (the row already shows the title), headings set off by " · ".
- * @param {string | undefined} text
- * @param {string | undefined} title
- */
-function snippet(text, title) {
-  let lines = String(text ?? "").split("\n").map((l) => l.trim()).filter(Boolean);
-  if (lines.length > 1 && title && (lines[0] === title.trim() || (lines[0].endsWith("…") && title.startsWith(lines[0].slice(0, -1))))) lines = lines.slice(1);
-  // A heading that repeats the title (a page's own <h1>) says nothing the row does not.
-  lines = lines.filter((l, i) => !(i === 0 && /^#+\s/.test(l) && l.replace(/^#+\s*/, "") === String(title ?? "").trim()));
-  const flat = lines.map((l) => (/^#+\s/.test(l) ? `${l.replace(/^#+\s*/, "")} ·` : l)).join(" ").replace(/\s+/g, " ").trim();
-  return flat.length > 160 ? `${flat.slice(0, 160).replace(/\s+\S*$/, "")}…` : flat;
 }
 
 /**
@@ -1243,6 +1379,8 @@ $("question").addEventListener("keydown", (e) => {
   }
 });
 $("stop").addEventListener("click", () => state.asking?.abort());
+$("conversation").addEventListener("scroll", onConversationScroll, { passive: true });
+$("scroll-bottom").addEventListener("click", () => scrollToNewest());
 $("new-chat").addEventListener("click", () => startNewChat());
 $("chats-new").addEventListener("click", async () => {
   /** @type {HTMLDialogElement} */ ($("chats")).close();

@@ -762,7 +762,8 @@ def test_toolbar_add_this_tab_saves_to_the_default_kb_and_reports(browser, pages
 
     # The default knowledge base is chosen on the options page; the toolbar saves there.
     options = _options_page(browser)
-    options.get_by_role("button", name="Save to Tabs from the right-click menu", exact=True).click()
+    options.get_by_role("button", name="Make default: save to Tabs from the right-click menu",
+                        exact=True).click()
     row = options.locator(f'#kb-table tr[data-kb="{tabs_kb["id"]}"]')
     expect(row).to_have_class("default", timeout=WAIT_MS)
     options.close()
@@ -1218,7 +1219,7 @@ def test_regenerate_edit_and_stop_then_continue(browser, saved, kbs, endpoints, 
     answer = _last_answer(panel)
     answer.locator(".answer-meta").wait_for()
     asked = len(fake_llm.requests)
-    answer.get_by_role("button", name="Ask this question again").click()
+    answer.get_by_role("button", name="Regenerate this answer").click()
     panel.wait_for_selector('body[data-asking="false"]')
     assert len(fake_llm.requests) > asked and panel.locator(".turn-assistant").count() == 1
     # Edit and resend: the question is replaced and answered again in place.
@@ -1286,14 +1287,14 @@ def test_chat_history_survives_a_browser_restart(pw, tmp_path, pages):
         assert [t.split("\n")[0] for t in items.locator(".open").all_inner_texts()] == [
             "When was the garage open?", QUESTION]
         _shots(panel, "chats")
-        panel.get_by_role("button", name=f"Open chat {QUESTION}").click()
+        items.locator(".open", has_text=QUESTION).click()
         assert panel.locator(".turn-user .bubble").all_inner_texts() == [QUESTION, "What does ERR_1200 mean?"]
         assert panel.locator(".turn-assistant .answer a.cite").count() >= 1  # citations kept
         panel.click("#chats-button")
         panel.get_by_role("button", name=f"Rename chat {QUESTION}").click()
         panel.get_by_role("textbox", name="New name").fill("Flux errors")
         panel.get_by_role("textbox", name="New name").press("Enter")
-        panel.get_by_role("button", name="Open chat Flux errors").wait_for()
+        items.locator(".open", has_text="Flux errors").wait_for()
         panel.get_by_role("button", name="Delete chat When was the garage open?").click()
         panel.get_by_role("button", name="Yes, delete chat When was the garage open?").click()
         panel.wait_for_function("() => document.querySelectorAll('#chat-list .chat-item').length === 1")

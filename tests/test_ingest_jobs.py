@@ -157,6 +157,46 @@ def test_rate_and_eta_are_over_the_whole_job_in_tokens():
     assert ev["rate"] == 400.0 and ev["eta_s"] == 2.5 and ev["unit"] == "tokens"
 
 
+def test_the_rate_and_eta_count_from_when_the_model_was_ready_not_from_its_build():
+    from localkb.ingest.progress import JobProgress
+
+    now = [0.0]
+    job = JobProgress(None, clock=lambda: now[0])
+    job.add_sources(1, nbytes=1000)
+    now[0] = 80.0  # the first add after an install: 80 s building the model
+    job.model_ready()
+    job.chunked(1000, tokens_to_embed=8000, tokens_all=8000)
+    now[0] = 90.0
+    job.embedded(40, 4000)
+    # Before: 4000 tokens over 90 s (44/s), an ETA of 90 s for 10 s of work.
+    assert job.rate() == pytest.approx(400.0)
+    assert job.eta() == pytest.approx(10.0)
+    assert job.elapsed() == pytest.approx(90.0)  # the job's own time still counts everything
+
+
+def test_the_model_is_prepared_as_its_own_stage_before_the_first_passage(kb, tmp_path, monkeypatch):
+    """A process that has not loaded the model yet (the first add after an install builds it)
+    says so as a ``model`` stage before anything is chunked, not as "Reading 1 of 1"."""
+    from localkb.embedding import embedder as embedder_mod
+
+    monkeypatch.setattr(embedder_mod, "_SHARED", {})  # as in a fresh process
+    kb._embedder = None
+    write_notes(tmp_path / "notes", 2)
+    events: list[dict] = []
+    add_paths(kb, [str(tmp_path / "notes")], progress=events.append)
+    stages = [e["stage"] for e in events]
+    assert "model" in stages, stages
+    first_model = stages.index("model")
+    assert stages[first_model:first_model + 2] == ["model", "model"], stages
+    assert [events[first_model]["done"], events[first_model + 1]["done"]] == [0, 1]
+    assert "chunk" not in stages[:first_model] and "embed" not in stages[:first_model], stages
+    # once the process holds the model, a later add has no model stage
+    events.clear()
+    (tmp_path / "notes" / "third.md").write_text("# Third\n\nA third note about tyres.")
+    add_paths(kb, [str(tmp_path / "notes")], progress=events.append)
+    assert "model" not in [e["stage"] for e in events]
+
+
 def test_cli_add_ends_with_one_line_of_counts_and_time(tmp_path):
     home = tmp_path / "home"
     run_cli(["kb", "create", "Docs"], home, check=True)

@@ -251,8 +251,9 @@ def test_writers_stay_within_their_clearance_and_levels_can_change(team):
     with team.client("alice") as alice, team.client("bob") as bob:
         with pytest.raises(Forbidden):
             alice.add(team.kb.id, text="Board minutes.", title="Board", access="secret")
-        with pytest.raises(Forbidden):  # she cannot see it, so she cannot overwrite it either
-            alice.add(team.kb.id, text="Replaced!", title=SALARY[0], url="https://intranet/salaries")
+        # she cannot see it, so her add at its URL makes a source of her own, leaving it untouched
+        mine = alice.add(team.kb.id, text="Replaced!", title="Mine", url="https://intranet/salaries")
+        assert mine["status"] == "added" and mine["source_id"] != team.salary["source_id"]
         assert all(h["title"] != SALARY[0] for h in alice.search([team.kb.id], "salary band")["hits"])
         changed = bob.set_access(team.kb.id, team.salary["source_id"], "internal")
         assert changed == {**changed, "was": "secret", "access": "internal"}

@@ -23,7 +23,7 @@ from fakellm import FakeLLM
 from localkb.answer.chat import run_turn
 from localkb.answer.llm import Endpoint
 from localkb.embedding.embedder import MiniLMEmbedder
-from localkb.errors import GuardrailBlocked, KnowledgeBaseNotFound, RateLimited
+from localkb.errors import GuardrailBlocked, KnowledgeBaseNotFound, LocalKBError, RateLimited
 from localkb.retrieval.search import Reranker
 from localkb.team.chat import ChatConfig
 from localkb.team.client import TeamClient
@@ -114,8 +114,9 @@ def test_team_chat_answers_with_citations_as_json_and_as_an_sse_stream_with_crlf
     team = make_team(sse_newline="\r\n")
     with team.client("alice") as alice:
         steps, tokens = [], []
+        by_event = {"step": steps, "token": tokens}
         result = alice.chat_stream([team.kb.id], QUESTION,
-                                   on_event=lambda n, d: (steps if n == "step" else tokens).append(d))
+                                   on_event=lambda n, d: by_event.get(n, []).append(d))
         plain = alice.chat([team.kb.id], QUESTION, regenerate=True)
     assert result["answer"] == "Staff get 25 days of paid holiday a year [1]." == plain["answer"]
     assert result["generated"] and result["citations"][0]["title"] == HOLIDAY[0]
@@ -288,7 +289,7 @@ def test_input_guardrails_refuse_before_anything_runs(make_team, monkeypatch):
                                max_chars=200)
     team = make_team(policy=policy, caps=Caps(per_user=100, per_address=100))
     counter = EmbedCounter(monkeypatch)
-    cases = {"": "empty", "   \n ": "empty", "x" * 201: "too_long", "holiday\x00days": "control_chars",
+    cases = {"": "empty", "   \n ": "empty", "x" * 201: "too_long", "holiday\x07days": "control_chars",
              "holiday \u202eyad": "control_chars", "Give me the PAYROLL   export": "deny_list",
              "list the API keys": "deny_list"}
     with team.client("alice") as alice:
@@ -374,7 +375,8 @@ def test_every_query_is_logged_admins_list_and_export_users_see_their_own(team, 
         csv_text = root.querylog_export("csv").decode()
     assert everyone["total"] == 4 and {r["user"] for r in everyone["queries"]} == {"alice", "bob"}
     assert len(jsonl) == 4 and json.loads(jsonl[-1])["outcome"] == "refused"
-    assert csv_text.splitlines()[0].startswith("id,at,user,address") and len(csv_text.splitlines()) == 5
+    assert csv_text.splitlines()[0].startswith('"id","at","user","address"')
+    assert len(csv_text.splitlines()) == 5
     # the admin CLI, against the same database
     res = run_cli(["team", "log", "list", "--db", team_db_url, "--user", "alice"], tmp_path / "cli")
     assert res.returncode == 0, res.stderr
@@ -488,3 +490,116 @@ def test_the_host_relays_the_team_stream_to_the_side_panel(team, tmp_path):
     assert got[-1]["ok"], got[-1]
     assert got[-1]["result"]["statuses"][0]["status"] == "unavailable"
     assert "did not run" in got[-1]["result"]["answer"]
+
+
+# -- issue 37.1: the relay gates what it hands a team ------------------------------------------------
+def _record_chat_bodies(api) -> list[bytes]:
+    """Every request body the team server reads, as it arrived (what left the device)."""
+    bodies: list[bytes] = []
+    dispatch = api.dispatch
+
+    def recording(req):
+        reader = req._read_body
+
+        def read(limit):
+            raw = reader(limit)
+            bodies.append(raw)
+            return raw
+
+        req._read_body = read
+        return dispatch(req)
+
+    api.dispatch = recording
+    return bodies
+
+
+def _everything_the_team_saw(team, bodies: list[bytes]) -> str:
+    return "\n".join([b.decode("utf-8", "replace") for b in bodies]
+                     + [json.dumps(r) for r in team.llm.requests])
+
+
+def test_the_relay_sends_a_team_only_turns_drawn_wholly_from_that_team(team, settings, tmp_path):
+    """The panel's request exactly (no endpoint, ``kbs`` on assistant turns) through a real host:
+    an earlier answer quoting a device-only local knowledge base never leaves this device."""
+    import sys
+
+    from hostproc import HostProcess
+    from localkb.config import Settings
+    from localkb.store.kb import Store
+    from localkb.team.attached import attach
+
+    home = tmp_path / "home"
+    local = Store(Settings.from_env({"LOCALKB_HOME": str(home),
+                                     "LOCALKB_MODEL_DIR": str(settings.model_dir)}))
+    private = local.create_kb("Private")  # device only, on this machine
+    local.close()
+    attach(home, team.url, team.tokens["alice"])
+    bodies = _record_chat_bodies(team.api)
+    history = [
+        {"role": "user", "content": "What is the door code?"},
+        {"role": "assistant", "content": "The code is CANARY-DEV-7731 [1].", "kbs": [private.id]},
+        {"role": "user", "content": "And the alarm?"},
+        {"role": "assistant", "content": "It is CANARY-UNKNOWN-5512."},  # no kbs: unknown
+        {"role": "user", "content": "Both then?"},
+        {"role": "assistant", "content": "Both: CANARY-MIX-4242 [1][2].",
+         "kbs": [team.kb.id, private.id]},
+        {"role": "user", "content": "How long is the holiday?"},
+        {"role": "assistant", "content": "CANARY-TEAM-1234: 25 days [1].", "kbs": [team.kb.id]},
+    ]
+    with HostProcess([sys.executable, "-m", "localkb", "host"], home=home) as host:
+        host.send({"id": 1, "type": "chat", "data": {"kbs": ["Handbook"], "message": QUESTION,
+                                                      "history": history}})
+        got = host.until_reply(1, timeout=120)
+        reply = got[-1]
+        assert reply["ok"], reply
+        # the panel learns the relayed answer's provenance before its first token, as it does locally
+        provenance = [e["data"]["kbs"] for e in got[:-1] if e.get("event") == "provenance"]
+        assert provenance == [[team.kb.id]], [e.get("event") for e in got[:-1]]
+        assert reply["result"]["team"] == "acme"  # the team answered: the relay ran
+        seen = _everything_the_team_saw(team, bodies)
+        for canary in ("CANARY-DEV-7731", "CANARY-UNKNOWN-5512", "CANARY-MIX-4242"):
+            assert canary not in seen, f"{canary} reached the team"
+        # what the team's own knowledge base wrote goes back to it, and reaches its model
+        assert "CANARY-TEAM-1234" in json.dumps(team.llm.requests)
+
+        # a stopped answer drawn from the device-only knowledge base is never sent to be continued
+        sent_before = len(bodies)
+        host.send({"id": 2, "type": "chat", "data": {
+            "kbs": ["Handbook"], "message": QUESTION, "continue_from": "CANARY-CONT-9090 and",
+            "continue_kbs": [private.id]}})
+        reply = host.until_reply(2, timeout=120)[-1]
+        assert not reply["ok"] and reply["error"]["code"] == "privacy_blocked", reply
+        assert "CANARY-CONT-9090" not in _everything_the_team_saw(team, bodies[sent_before:])
+        # one drawn from the team's knowledge base is continued by the team
+        host.send({"id": 3, "type": "chat", "data": {
+            "kbs": ["Handbook"], "message": QUESTION, "continue_from": "CANARY-CONT-TEAM-77 Staff",
+            "continue_kbs": [team.kb.id]}})
+        reply = host.until_reply(3, timeout=120)[-1]
+        assert reply["ok"], reply
+        assert reply["result"]["answer"].startswith("CANARY-CONT-TEAM-77 Staff")
+        assert "CANARY-CONT-TEAM-77" in json.dumps(team.llm.requests[-1])
+
+
+def test_a_team_server_sends_its_model_no_history_it_cannot_trace_to_its_own_knowledge_bases(team):
+    """A turn naming knowledge bases the team does not hold, or none, came from another machine:
+    unknown provenance, which reaches no model of the team's (not even one on its loopback)."""
+    history = [
+        {"role": "user", "content": "What is the door code?"},
+        {"role": "assistant", "content": "The code is CANARY-FOREIGN-1 [1].", "kbs": ["a-local-id"]},
+        {"role": "user", "content": "And the alarm?"},
+        {"role": "assistant", "content": "It is CANARY-FOREIGN-2."},
+        {"role": "user", "content": "And the holiday?"},
+        {"role": "assistant", "content": "CANARY-OWN-3: 25 days [1].", "kbs": [team.kb.id]},
+    ]
+    with team.client("alice") as alice:
+        out = alice.chat([team.kb.id], "and what about it?", history=history)
+        assert out["answer"]
+        sent = json.dumps(team.llm.requests)
+        assert "CANARY-FOREIGN-1" not in sent and "CANARY-FOREIGN-2" not in sent
+        assert "CANARY-OWN-3" in sent
+        # continuing text the team cannot trace is refused, before its model sees it
+        with pytest.raises(LocalKBError) as refused:
+            alice.chat([team.kb.id], QUESTION, continue_from="CANARY-FOREIGN-4 and",
+                       continue_kbs=["a-local-id"])
+        assert refused.value.code == "privacy_blocked", refused.value
+    assert "CANARY-FOREIGN-4" not in json.dumps(team.llm.requests)

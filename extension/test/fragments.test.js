@@ -69,3 +69,22 @@ test("the title line in front of every passage is left out, also when it was sho
   assert.equal(textDirective(passage, { title: long }), "text=Error%20E4711%20means%20overheating.");
   assert.equal(sourceLink({ url: "https://ex.test/p", title: "T", text: "T\nhello there" }), "https://ex.test/p#:~:text=hello%20there");
 });
+
+test("markdown marks are not in the terms: a fragment is the text as the page renders it", () => {
+  // Before: `` `retry_limit` `` put backticks in the term, which no page text holds, so the
+  // browser found nothing and opened the page at its top.
+  const passage = "Set `retry_limit` to **three** and read [the guide](https://x.test/g) first.";
+  const term = decodeURIComponent(textDirective(passage).slice("text=".length));
+  assert.equal(term, "Set retry_limit to three and read the guide first.");
+  const long = [
+    "The `max_connections` setting *limits* how many clients __may__ connect at once to the server.",
+    "| Name | Default |",
+    "1. Restart with `pg_ctl restart` after changing `shared_buffers` in the file.",
+  ].join("\n");
+  const [start, end] = textDirective(long).slice("text=".length).split(",").map(decodeURIComponent);
+  assert.equal(start, "max_connections setting limits how many");
+  assert.equal(end, "after changing shared_buffers in the");
+  // an identifier's underscores and a lone asterisk stay: they are on the page
+  assert.equal(decodeURIComponent(textDirective("Use snake_case_name * 2 here.").slice(5)),
+    "Use snake_case_name * 2 here.");
+});

@@ -201,6 +201,15 @@ class ProgressLine:
     def __call__(self, ev: dict) -> None:
         if not self.enabled:
             return
+        if ev.get("stage") == "model":
+            # The first add after an install builds the model: its own step, not a slow rate.
+            line = ("preparing the embedding model (built once, on first use; about a minute)"
+                    if ev.get("done", 0) < ev.get("total", 1) else "the embedding model is ready")
+            with self._lock:
+                sys.stderr.write("\r\033[K" + line)
+                sys.stderr.flush()
+                self._shown = True
+            return
         total = ev.get("sources_total") or 0
         parts = [f"{ev.get('sources_done', 0):,}/{plural(total, 'source')}",
                  plural(ev.get("passages", 0), "passage")]

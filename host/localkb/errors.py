@@ -16,9 +16,12 @@ the boundary with ``raise X(...) from err``.
     │   └── TooLarge                too_large
     ├── Unauthorized                unauthorized
     ├── Forbidden                   forbidden
+    │   ├── HostNotAllowed          host_not_allowed
+    │   └── OriginNotAllowed        origin_not_allowed
     ├── NotFound                    not_found
     │   ├── KnowledgeBaseNotFound   kb_not_found
-    │   └── SourceNotFound          source_not_found
+    │   ├── SourceNotFound          source_not_found
+    │   └── PageNotHeld             page_not_held
     ├── Conflict                    conflict
     │   └── AmbiguousReference      ambiguous
     ├── EmbeddingUnavailable        embedding_unavailable
@@ -116,6 +119,18 @@ class Forbidden(LocalKBError):
     code = "forbidden"
 
 
+class HostNotAllowed(Forbidden):
+    """The request's Host header names a server other than this one (DNS rebinding): HTTP 421."""
+
+    code = "host_not_allowed"
+
+
+class OriginNotAllowed(Forbidden):
+    """A request that changes something came from a page on another site."""
+
+    code = "origin_not_allowed"
+
+
 class NotFound(LocalKBError):
     code = "not_found"
 
@@ -126,6 +141,12 @@ class KnowledgeBaseNotFound(NotFound):
 
 class SourceNotFound(NotFound):
     code = "source_not_found"
+
+
+class PageNotHeld(NotFound):
+    """A page id the host holds no page for (let go to make room, or the host restarted)."""
+
+    code = "page_not_held"
 
 
 class Conflict(LocalKBError):

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from localkb.answer.llm import DEFAULT_TIMEOUTS, Endpoint, Timeouts, ToolCall, stream_chat, stream_chat_events
-from localkb.answer.privacy import GateResult, Placement, allowed_knowledge_bases, locate
+from localkb.answer.privacy import ELSEWHERE, GateResult, Placement, allowed_knowledge_bases, locate
 from localkb.errors import Cancelled, InvalidInput, LLMUnavailable, LocalKBError, PrivacyBlocked
 from localkb.retrieval.search import Hit, KBStatus, Reranker, Searcher, names_phrase, summary_line
 from localkb.store.analysis import stopwords, tokens
@@ -128,6 +128,23 @@ def parse_history(raw: Any) -> list[Turn]:
                                detail={"field": "history"})
         turns.append(Turn(item["role"], content, tuple(kbs) if kbs is not None else None))
     return turns
+
+
+def parse_continuation(data: Mapping[str, Any]) -> Turn | None:
+    """A stopped answer to continue (``continue_from``) with its provenance (``continue_kbs``, the
+    stopped turn's ``provenance`` event): an assistant turn like any in the history, or None."""
+    partial = data.get("continue_from")
+    if partial is None or partial == "":
+        return None
+    if not isinstance(partial, str) or len(partial) > MAX_TURN_CHARS:
+        raise InvalidInput(f"'continue_from' must be a string of at most {MAX_TURN_CHARS:,} "
+                           "characters", detail={"field": "continue_from"})
+    try:
+        return parse_history([{"role": "assistant", "content": partial,
+                               "kbs": data.get("continue_kbs")}])[0]
+    except InvalidInput as err:
+        raise InvalidInput("'continue_kbs' must be a list of knowledge-base ids",
+                           detail={"field": "continue_kbs"}) from err
 
 
 @dataclass(frozen=True)
@@ -312,16 +329,18 @@ def rewrite_query(
 
 @dataclass(frozen=True)
 class _Unknown:
-    """An assistant turn that does not say which knowledge bases it drew on: device only."""
+    """An assistant turn that does not say which knowledge bases it drew on, or names one the
+    store does not hold: device only (``ELSEWHERE`` where the history came from another machine)."""
 
     id: str = UNKNOWN_PROVENANCE
     name: str = "an unknown or deleted knowledge base"
     privacy: str = "device"
 
 
-def gated_history(store: Store | None, endpoint: Endpoint | None, turns: Sequence[Turn],
-                  placement: Placement | None = None) -> tuple[list[dict[str, str]], set[str]]:
-    """The earlier turns that may reach ``endpoint``, and the provenance of those that do.
+def gate_turns(store: Store | None, endpoint: Endpoint | None, turns: Sequence[Turn],
+               placement: Placement | None = None) -> tuple[list[Turn], set[str]]:
+    """The earlier turns that may reach ``endpoint`` (or the team of ``placement``), and the
+    provenance of those that do.
 
     User turns always go (they are the user's own words). An assistant turn goes only when every
     knowledge base it drew on passes the privacy gate (an unknown or deleted one counts as
@@ -336,18 +355,26 @@ def gated_history(store: Store | None, endpoint: Endpoint | None, turns: Sequenc
             if allowed_knowledge_bases(endpoint, refs, placement=placement).skipped:
                 continue
             provenance.update(str(r.id) for r in refs)
-        out.append({"role": turn.role, "content": turn.content})
+        out.append(turn)
     return out, provenance
+
+
+def gated_history(store: Store | None, endpoint: Endpoint | None, turns: Sequence[Turn],
+                  placement: Placement | None = None) -> tuple[list[dict[str, str]], set[str]]:
+    """``gate_turns`` as prompt messages."""
+    kept, provenance = gate_turns(store, endpoint, turns, placement)
+    return [{"role": t.role, "content": t.content} for t in kept], provenance
 
 
 def _provenance_refs(store: Store | None, kbs: Sequence[str] | None) -> list[Any]:
     """The knowledge bases a model's text drew on, as the gate sees them (unknown: device)."""
+    unknown = "device" if store is None or store.history_is_local else ELSEWHERE
     refs: list[Any] = []
     for kb_id in kbs or ():
         rec = store.record(kb_id) if store is not None else None
-        refs.append(rec or _Unknown(id=kb_id))
+        refs.append(rec or _Unknown(id=kb_id, privacy=unknown))
     if kbs is None:
-        refs.append(_Unknown())
+        refs.append(_Unknown(privacy=unknown))
     return refs
 
 
@@ -359,14 +386,16 @@ def gate_continuation(store: Store | None, endpoint: Endpoint | None, options: C
     does; unlike a history turn it cannot be left out (there would be nothing to continue), so
     a refusal raises ``PrivacyBlocked`` naming what it drew on, before anything is sent.
     """
-    if not options.continue_from or endpoint is None:
+    relay = placement is not None and placement.team is not None
+    if not options.continue_from or (endpoint is None and not relay):
         return set()
     refs = _provenance_refs(store, options.continue_kbs)
     skipped = allowed_knowledge_bases(endpoint, refs, placement=placement).skipped
     if skipped:
         names = names_phrase([s.kb.name for s in skipped])
         raise PrivacyBlocked(
-            f"The stopped answer was written from {names}, which may not reach {endpoint.name} "
+            f"The stopped answer was written from {names}, which may not reach "
+            f"{f'the team server {placement.team}' if relay else endpoint.name} "
             f"({skipped[0].reason}); continue it with an on-device model, or ask again.",
             detail={"field": "continue_from", "kbs": [str(s.kb.id) for s in skipped]})
     return {str(r.id) for r in refs}
@@ -480,6 +509,55 @@ def check_citations(answer: str, given: int) -> tuple[str, list[int], list[int]]
 
     text = _CITATION.sub(fix, answer)
     return text, sorted(cited), removed
+
+
+#: What may still become a citation: "[", digits, spaces and separators, not yet closed.
+_OPEN_CITATION = re.compile(r"\[[\d\s,;]{0,40}")
+_WHOLE_CITATION = re.compile(r"\[(\s*\d{1,4}\s*(?:[,;]\s*\d{1,4}\s*)*)\]")
+
+
+class CitationStream:
+    """A model's stream as the reader may see it: every ``[n]`` checked before it is shown.
+
+    Text goes out as it comes, except a ``[`` that may open a citation (with the one space or
+    tab before it, which ``check_citations`` removes with it), held until it closes or cannot
+    be one. So what streams is exactly what ``check_citations`` leaves of the whole answer: a
+    ``[99]`` never shows and then disappears.
+    """
+
+    def __init__(self, given: int) -> None:
+        self.given = given
+        self._held = ""
+
+    def feed(self, piece: str) -> str:
+        """The part of the stream so far that is final, given one more piece."""
+        text, out, i = self._held + piece, [], 0
+        while True:
+            j = text.find("[", i)
+            if j < 0:
+                # A space or tab at the very end may lead a citation that has not arrived yet.
+                end = len(text) - 1 if text[i:] and text[-1] in " \t" else len(text)
+                out.append(text[i:end])
+                self._held = text[end:]
+                return "".join(out)
+            start = j - 1 if j > i and text[j - 1] in " \t" else j
+            out.append(text[i:start])
+            whole = _WHOLE_CITATION.match(text, j)
+            if whole is not None:
+                out.append(check_citations(text[start:whole.end()], self.given)[0])
+                i = whole.end()
+                continue
+            opening = _OPEN_CITATION.match(text, j)
+            if opening is not None and opening.end() == len(text):
+                self._held = text[start:]  # it may still close as a citation
+                return "".join(out)
+            out.append(text[start:j + 1])  # not a citation: the "[" is text
+            i = j + 1
+
+    def flush(self) -> str:
+        """What is left when the stream ends (an unclosed "[…" is text)."""
+        rest, self._held = self._held, ""
+        return rest
 
 
 def says_idk(answer: str) -> bool:
@@ -629,6 +707,8 @@ class ChatResult:
     summary: str = ""
     #: How the answer came about ("Answered by local · llama3 · on this device").
     answer_line: str = ""
+    #: The model was asked and failed (``{endpoint, code, message}``): the answer is quoted instead.
+    model_error: dict | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -638,6 +718,7 @@ class ChatResult:
             "model": self.model, "trace": self.trace, "cached": self.cached,
             "notes": self.notes, "tool_calls": self.tool_calls, "kbs": self.kbs,
             "summary": self.summary, "answer_line": self.answer_line,
+            "model_error": self.model_error,
         }
 
     @classmethod
@@ -645,7 +726,8 @@ class ChatResult:
         return cls(**{k: data[k] for k in (
             "answer", "generated", "citations", "removed_citations", "ungrounded",
             "rewritten_query", "statuses", "model", "trace", "cached", "notes", "tool_calls",
-            "kbs")}, summary=data.get("summary", ""), answer_line=data.get("answer_line", ""))
+            "kbs")}, summary=data.get("summary", ""), answer_line=data.get("answer_line", ""),
+                   model_error=data.get("model_error"))
 
 
 def wants_to_save(message: str) -> bool:
@@ -994,6 +1076,7 @@ def run_turn(
     pieces: list[str] = []
     generate_ms = 0.0
     model_failed = False
+    model_error: dict | None = None
     targets: list[KBRecord] = []
     if tools_offered:
         # The write targets pass the same gate: a device knowledge base is never even named
@@ -1027,18 +1110,22 @@ def run_turn(
             stream = stream_chat_events(endpoint, messages, tools=tools, timeout=options.timeouts,
                                         cancel=cancel, max_tokens=options.max_tokens,
                                         placement=placement)
+            shown = CitationStream(len(passages))
             for piece in stream:
                 if isinstance(piece, ToolCall):
                     calls.append(piece)
                     continue
                 pieces.append(piece)
-                if on_token is not None:
-                    on_token(piece)
+                if on_token is not None and (final := shown.feed(piece)):
+                    on_token(final)
+            if on_token is not None and (final := shown.flush()):
+                on_token(final)
             generated = True
             answer, cited, removed = check_citations(options.continue_from + "".join(pieces),
                                                      len(passages))
         except LLMUnavailable as err:
             model_failed = True
+            model_error = {"endpoint": endpoint.name, "code": err.code, "message": str(err)}
             store.log_error("chat", err.code, str(err))
             notes.append(f"The model {endpoint.name} failed, so this answer is not generated: {err}")
             answer, cited = extractive_answer(passages, f"the model {endpoint.name} failed", missing)
@@ -1093,7 +1180,7 @@ def run_turn(
         ungrounded=ungrounded, rewritten_query=query if rewrite.method != "none" else None,
         statuses=status_dicts, model=model, trace=trace, cached=False, notes=notes,
         tool_calls=tool_calls, kbs=sorted(provenance | {h.kb for h in passages}),
-        summary=summary_line(statuses), answer_line=line)
+        summary=summary_line(statuses), answer_line=line, model_error=model_error)
     if (cache is not None and not tools_offered and not model_failed and not unavailable
             and not options.continue_from
             and not tool_calls):

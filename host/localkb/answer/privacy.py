@@ -13,6 +13,16 @@ the addresses that were checked (see ``Placement``), so a name that resolves els
 
 No endpoint at all (extractive answers) is on-device. Every path that builds a prompt calls
 ``allowed_knowledge_bases`` and sends only what it allows.
+
+Two destinations are not model endpoints, and the same function decides for them:
+
+- A **team server** a turn is relayed to (``team_placement``): whatever its model, what the
+  host sends it is kept in its query log and read by its administrators, so only text drawn
+  wholly from that team's own knowledge bases goes back to it.
+- Text whose provenance names no knowledge base of the store that reads it, on a store whose
+  history comes **from another machine** (a team server's clients), is ``ELSEWHERE``: device-only
+  text of a device this machine cannot vouch for, which reaches no model at all, not even one on
+  this machine's loopback.
 """
 
 from __future__ import annotations
@@ -29,6 +39,9 @@ import httpx
 from localkb.errors import PrivacyBlocked
 
 Location = Literal["device", "cloud"]
+#: The privacy of text that came from another machine and names none of this store's knowledge
+#: bases: device only there, so no model here may receive it.
+ELSEWHERE = "elsewhere"
 #: How long a name may take to resolve before the location counts as undecided.
 RESOLVE_TIMEOUT_S = 3.0
 
@@ -89,6 +102,8 @@ class Placement:
     port: int | None = None
     addresses: tuple[str, ...] = ()
     reason: str = ""
+    #: A relay to this attached team's server: only its own knowledge bases' text may go.
+    team: str | None = None
 
     @property
     def on_device(self) -> bool:
@@ -173,15 +188,40 @@ def locate(endpoint: EndpointRef | None, *, timeout: float = RESOLVE_TIMEOUT_S) 
         return Placement(None, reason=f"undecidable: {type(err).__name__}")
 
 
+def team_placement(team: str) -> Placement:
+    """The decision for a turn relayed to the team server ``team`` (never this device)."""
+    return Placement("cloud", reason=f"the team server {team} keeps what it is sent", team=team)
+
+
 def endpoint_location(endpoint: EndpointRef | None) -> Location | None:
     """``"device"``, ``"cloud"``, or ``None`` when it cannot be decided (treated as cloud)."""
     return locate(endpoint).location
 
 
-def _where(endpoint: EndpointRef, placement: Placement) -> str:
+def _where(endpoint: EndpointRef | None, placement: Placement) -> str:
+    if placement.team is not None:
+        return f"the team server {placement.team} holds only its own knowledge bases' text"
+    name = endpoint.name if endpoint is not None else "the model"
     if placement.location == "cloud":
-        return f"{endpoint.name} is a cloud model"
-    return f"where {endpoint.name} runs is unknown (treated as cloud)"
+        return f"{name} is a cloud model"
+    return f"where {name} runs is unknown (treated as cloud)"
+
+
+def _may_reach(kb: KBRef, placement: Placement) -> bool:
+    if kb.privacy == ELSEWHERE:
+        return False
+    if placement.team is not None:
+        # A team knowledge base's record names its team (``TeamRecord.team``); a local one none.
+        return getattr(kb, "team", None) == placement.team
+    return placement.on_device or kb.privacy == "cloud"
+
+
+def _reason(kb: KBRef, endpoint: EndpointRef | None, placement: Placement) -> str:
+    if kb.privacy == ELSEWHERE:
+        return "written on another machine from knowledge bases this server does not hold"
+    if placement.team is not None and kb.privacy == "cloud":
+        return f"not a knowledge base of the team {placement.team}"
+    return f"device only, {_where(endpoint, placement)}"
 
 
 def allowed_knowledge_bases(
@@ -194,7 +234,8 @@ def allowed_knowledge_bases(
     """Split ``kbs`` into those that may reach ``endpoint`` and those skipped, with reasons.
 
     A ``device`` knowledge base reaches only an on-device endpoint; a knowledge base whose
-    privacy is anything but ``"cloud"`` is treated as ``device``. ``placement`` is the decision
+    privacy is anything but ``"cloud"`` is treated as ``device``; an ``ELSEWHERE`` one reaches
+    nothing; a ``team_placement`` takes only that team's knowledge bases. ``placement`` is the decision
     already made for this request (``locate`` is asked when it is not given). With ``strict`` a
     device knowledge base facing a cloud endpoint raises ``PrivacyBlocked`` instead of being
     skipped.
@@ -203,21 +244,19 @@ def allowed_knowledge_bases(
     result = GateResult()
     blocked: list[KBRef] = []
     for kb in kbs:
-        if placement.on_device or kb.privacy == "cloud":
+        if _may_reach(kb, placement):
             result.allowed.append(kb)
             continue
-        assert endpoint is not None  # a None endpoint is on-device
         blocked.append(kb)
-        result.skipped.append(Skipped(kb=kb, reason=f"device only, {_where(endpoint, placement)}"))
+        result.skipped.append(Skipped(kb=kb, reason=_reason(kb, endpoint, placement)))
     if strict and blocked:
-        assert endpoint is not None
         names = ", ".join(repr(kb.name) for kb in blocked)
         raise PrivacyBlocked(
             f"knowledge base{'s' if len(blocked) > 1 else ''} {names} "
             f"{'are' if len(blocked) > 1 else 'is'} device only and "
             f"{_where(endpoint, placement)}",
             detail={
-                "endpoint": endpoint.name,
+                "endpoint": endpoint.name if endpoint is not None else placement.team,
                 "location": placement.location,
                 "knowledge_bases": [
                     {"id": kb.id if isinstance(kb.id, (int, str)) else str(kb.id), "name": kb.name}

@@ -304,6 +304,13 @@ class EmbedderRegistry:
             known = ", ".join(sorted(MODELS))
             raise InvalidInput(f"unknown model {model_id!r} (known: {known})") from None
 
+    def ready(self, model_id: str) -> bool:
+        """Whether this process already holds the model (``get`` returns at once)."""
+        key = (model_id, self.settings.model_variant, self.settings.threads,
+               self.settings.embed_batch_size)
+        with _SHARED_LOCK:
+            return key in _SHARED
+
     def get(self, model_id: str) -> Embedder:
         self.spec(model_id)
         key = (model_id, self.settings.model_variant, self.settings.threads,

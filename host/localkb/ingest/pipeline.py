@@ -84,7 +84,7 @@ from localkb.ingest.files import (
 from localkb.ingest.progress import JobProgress
 from localkb.store.base import ChunkWrite, FileFingerprint, SourceWrite, StagedPassage
 from localkb.store.base import KnowledgeBaseHandle as KnowledgeBase
-from localkb.store.catalog import chunk_id, source_id
+from localkb.store.catalog import chunk_id
 from localkb.strings import plural
 
 CHUNKER_VERSION = "1"
@@ -464,6 +464,8 @@ class _Job:
         self.model_work: dict[str, int] = {}
         self._done_items: set[int] = set()
         self._item_keys: dict[int, str] = {}
+        self._model_lock = threading.Lock()
+        self._model_prepared = False
 
     # -- locks ---------------------------------------------------------------------------
     def _lock_key(self, item: _Item) -> str | None:
@@ -512,7 +514,7 @@ class _Job:
                 raise SourceTooLarge(too_large_reason(st.st_size, self.max_bytes),
                                      detail={"bytes": st.st_size, "cap": self.max_bytes})
             key = _file_key(path)
-            sid = source_id(kb.id, key)
+            sid = kb.source_id_for(key)
             fingerprint = Fingerprint(st.st_size, st.st_mtime_ns)
             stored = kb.file_state(sid)
             if stored is not None and stored.recipe == self.recipe and \
@@ -549,19 +551,34 @@ class _Job:
                 per_unit["f"] = 1.0
         else:
             doc, key = item.load()
-            sid = source_id(kb.id, key)
             lock_key = f"{kb.id}\x1f{key}"
             while not self.locks.acquire(lock_key):
                 time.sleep(0.1)  # a capture or URL: one source, nothing else held
             self._item_keys[id(item)] = lock_key
+            sid = kb.source_id_for(key)  # under the lock: a concurrent add of it has landed
         src = _Source(item=item, sid=sid, key=key, doc=doc, lock_key=self._item_keys.get(id(item), ""),
                       before=kb.stored_passages(sid), digest=_digest_start(doc, kb.record.model),
                       fingerprint=fingerprint)
         src.staged_before = kb.staged_passages(sid, kb.record.model)
         return src
 
+    def prepare_model(self) -> None:
+        """The model, before the first source is chunked: its own ``model`` stage when this
+        process does not hold it yet (the first add after an install builds it, a minute or
+        more), so a save says what it waits for and the rate starts after it."""
+        with self._model_lock:
+            if self._model_prepared:
+                return
+            if not self.kb.store.models.ready(self.kb.record.model):
+                self.progress.emit("model", 0, 1, force=True)
+                _ = self.kb.embedder  # builds (first use) and selects the model
+                self.progress.model_ready()
+                self.progress.emit("model", 1, 1, force=True)
+            self._model_prepared = True
+
     def stream_source(self, src: _Source, put: Callable[[tuple], None]) -> None:
         """Chunk the source section by section, marking each passage to keep or to embed."""
+        self.prepare_model()
         settings = self.settings
         title = src.doc.title
         for block in iter_chunks(src.doc, self.kb.embedder.count_tokens,
@@ -1174,7 +1191,7 @@ def _run(kb: KnowledgeBase, items: list[_Item], *, progress: Progress | None,
     if job.report.interrupted:
         job.report.pending = [i.name for i in items if id(i) not in job._done_items]
         with_staged = kb.staged_sources()
-        names = {source_id(kb.id, _file_key(i.path)): i.name for i in items if i.path is not None}
+        names = {kb.source_id_for(_file_key(i.path)): i.name for i in items if i.path is not None}
         job.report.staged = {names.get(sid, sid): n for sid, n in with_staged.items()}
     return job.report
 

@@ -2,7 +2,8 @@
 
 The unit of work is the model token: embedding is where the time goes, and a token
 costs about the same whatever source it comes from. The rate is tokens embedded over
-the whole job's elapsed time (never one batch's), and the ETA divides the tokens still
+the job's elapsed time since the model was ready (never one batch's; a first add that builds
+the model reports that as its own ``model`` stage, not as a slow rate), and the ETA divides the tokens still
 to embed by it. Tokens still to embed are those chunked but not embedded yet plus an
 estimate for the bytes not read yet, at the tokens-per-byte seen so far in this job;
 sources found unchanged take their bytes out of the estimate. Until something has been
@@ -37,6 +38,8 @@ class JobProgress:
         self._clock = clock
         self._lock = threading.Lock()
         self.started = clock()
+        #: When the model was ready: the rate counts from here (a model build is not embedding).
+        self.rate_from = self.started
         self.sources_total = 0
         self.sources_done = 0
         self.current: str | None = None
@@ -80,12 +83,17 @@ class JobProgress:
             self.tokens_embedded += tokens
 
     # -- figures ---------------------------------------------------------------------
+    def model_ready(self) -> None:
+        """The model is built and loaded: the rate (and so the ETA) counts from now."""
+        with self._lock:
+            self.rate_from = self._clock()
+
     def elapsed(self) -> float:
         return self._clock() - self.started
 
     def rate(self) -> float | None:
-        """Tokens per second over the whole job so far, or None while it is not known."""
-        elapsed = self.elapsed()
+        """Tokens per second since the model was ready, or None while it is not known."""
+        elapsed = self._clock() - self.rate_from
         if elapsed < WARMUP_S or self.tokens_embedded < WARMUP_TOKENS:
             return None
         return self.tokens_embedded / elapsed

@@ -284,6 +284,13 @@ class KnowledgeBaseHandle(ABC):
     def item_locks(self) -> ItemLocks:
         """A fresh set of per-source locks for one job."""
 
+    def source_id_for(self, key: str) -> str:
+        """The id of the source an add at ``key`` writes: one source per key here; the team
+        store picks among the sources the writer may see (``TeamKnowledgeBase``)."""
+        from localkb.store.catalog import source_id
+
+        return source_id(self.id, key)
+
     @abstractmethod
     def source_state(self, sid: str) -> tuple[str, int] | None:
         """(content hash, chunk count) of a stored source, or None."""
@@ -418,6 +425,11 @@ class KnowledgeStore(ABC):
 
     settings: Settings
     models: EmbedderRegistry
+    #: Whether the chat history this store is asked about was written on this machine. The local
+    #: store's is (the side panel's): text of unknown provenance is this device's own. A team
+    #: server's comes from its clients' machines: text it cannot trace to its own knowledge bases
+    #: is ``privacy.ELSEWHERE`` and reaches no model.
+    history_is_local: bool = True
 
     @abstractmethod
     def kbs(self) -> list[KBRecord]: ...

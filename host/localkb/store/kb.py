@@ -73,7 +73,7 @@ from localkb.store.keywords import KeywordHit
 from localkb.store.listing import vector_file
 from localkb.store.vectors import VectorHits, VectorIndex, remove_index
 from localkb.store.vectors import compact as compact_vectors
-from localkb.strings import clean_name, have, plural, string_problem
+from localkb.strings import KB_NAME_MAX, clean_name, have, plural, string_problem
 
 PRIVACY = ("device", "cloud")
 #: The orders sources are listed in (fixed ORDER BY clauses).
@@ -278,7 +278,7 @@ def check_name(name: object) -> str:
 
     The team store names its knowledge bases by the same rule.
     """
-    return clean_name(name, what="a knowledge base name", max_len=80, forbid="/\\")
+    return clean_name(name, what="a knowledge base name", max_len=KB_NAME_MAX, forbid="/\\")
 
 
 class KnowledgeBase(KnowledgeBaseHandle):

@@ -41,11 +41,11 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from localkb.answer.chat import AnswerCache, ChatOptions, parse_history, run_turn
+from localkb.answer.chat import AnswerCache, ChatOptions, parse_continuation, parse_history, run_turn
 from localkb.answer.llm import Endpoint
 from localkb.answer.privacy import endpoint_location
 from localkb.errors import GuardrailBlocked, InvalidInput, LocalKBError, NotFound, RateLimited
-from localkb.native.handlers import req_bool, req_int, req_kbs
+from localkb.inputs import req_bool, req_int, req_kbs
 from localkb.team.guard import Policy, check_input, check_output
 from localkb.team.limits import Caps, RateLimiter
 from localkb.team.querylog import QueryLog
@@ -165,8 +165,10 @@ class TeamChat:
                 raise GuardrailBlocked("the message must be text",
                                        detail={"rule": "empty", "stage": "input"})
             check_input(message, raw_history if isinstance(raw_history, list) else None,
-                        self.config.policy)
+                        self.config.policy, continue_from=data.get("continue_from"))
             history = parse_history(raw_history)
+            # Continued only when its provenance is this team's (``gate_continuation`` in run_turn).
+            continued = parse_continuation(data)
             kbs = req_kbs(data)
             k = req_int(data, "k", self.config.k, lo=1, hi=50)
         except (GuardrailBlocked, InvalidInput) as err:
@@ -183,7 +185,9 @@ class TeamChat:
         stages["access"] = _ms(t0)
         regenerate = req_bool(data, "regenerate")
         options = ChatOptions(k=k, kind="team-chat", tools=False,
-                              no_model_reason="this team server has no model configured")
+                              no_model_reason="this team server has no model configured",
+                              continue_from=continued.content if continued is not None else "",
+                              continue_kbs=continued.kbs if continued is not None else None)
         stream = req_bool(data, "stream") or "text/event-stream" in (req.headers.get("Accept") or "")
 
         def turn(emit=None) -> dict:
@@ -193,7 +197,8 @@ class TeamChat:
                     options=options, cache=None if regenerate else self.cache,
                     reranker=self.api.reranker, scope=("access", access.key()),
                     on_step=(lambda s: emit("step", s)) if emit else None,
-                    on_token=(lambda t: emit("token", {"text": t})) if emit else None)
+                    on_token=(lambda t: emit("token", {"text": t})) if emit else None,
+                    on_provenance=(lambda ids: emit("provenance", {"kbs": ids})) if emit else None)
                 out = result.to_dict()
                 t1 = time.perf_counter()
                 checked = check_output(out, store)

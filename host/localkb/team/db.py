@@ -33,8 +33,12 @@ def _configure(conn: psycopg.Connection) -> None:
 
 
 def mapped(err: psycopg.Error) -> Exception:
-    """Our error for a PostgreSQL one: unreachable -> TeamUnavailable, anything else -> StoreError."""
-    if isinstance(err, psycopg.OperationalError | psycopg.errors.AdminShutdown):
+    """Our error for a PostgreSQL one: unreachable -> TeamUnavailable, anything else -> StoreError.
+
+    Unreachable: not connected, the connection lost or closed (mid-read or mid-write alike),
+    the server shutting down, the pool out of connections (``PoolTimeout``).
+    """
+    if isinstance(err, psycopg.OperationalError | psycopg.InterfaceError):
         return TeamUnavailable(f"the team database cannot be reached: {str(err).strip()[:500]}")
     return StoreError(f"the team database refused the statement: {str(err).strip()[:500]}")
 
@@ -57,9 +61,12 @@ class Database:
                 self.reanalyzed = reanalyze(conn)
         except psycopg.Error as err:
             raise mapped(err) from err
+        # check: each connection is tried as it is handed out, so one PostgreSQL closed while
+        # idle in the pool (a restart, a failover) is replaced, never served to a request.
         self.pool = ConnectionPool(url, min_size=min_size, max_size=max_size, timeout=timeout,
                                    configure=_configure, kwargs={"row_factory": dict_row},
-                                   open=False, name="localkb-team")
+                                   check=ConnectionPool.check_connection, open=False,
+                                   name="localkb-team")
         try:
             self.pool.open(wait=True, timeout=timeout)
         except Exception as err:

@@ -5,7 +5,13 @@ Input (``check_input``), in this order, each a ``GuardrailBlocked`` with ``detai
 (C0/C1 controls other than tab and newlines, and the invisible bidirectional overrides that
 make a text read differently from what it says), ``deny_list`` (a configured pattern; the
 reply names the rule, never the text that matched it). They run on the message and on
-every history turn, before the rate counter, the cache, the embedder or the model.
+every history turn, the user's and the assistant's, and on a stopped answer to continue
+(each reaches the model), before the rate counter, the cache, the embedder or the model.
+
+The deny list matches what a reader sees (``fold.py``): a phrase is folded, and matched
+against the folded text, so zero-width and other format characters, look-alike Cyrillic
+or Greek letters, full-width or mathematical forms and accents do not hide it; a
+``name: regex`` rule runs over the text as sent and over its folded form.
 
 Output (``check_output``), on the finished turn, before its result leaves the server:
 ``citation`` — every [n] in the answer names a citation of this turn, and every citation is
@@ -25,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from localkb.errors import GuardrailBlocked, InvalidInput
+from localkb.team.fold import fold
 from localkb.team.store import TeamStore
 
 MAX_CHARS = 4000
@@ -47,7 +54,7 @@ class Policy:
     @classmethod
     def from_lines(cls, lines: Iterable[str], *, max_chars: int = MAX_CHARS) -> Policy:
         """A deny list, one rule a line: ``name: regex`` or a bare phrase (matched as words,
-        case-insensitively); blank lines and ``#`` comments are skipped."""
+        folded: ``fold.py``); blank lines and ``#`` comments are skipped."""
         rules = []
         for n, raw in enumerate(lines, start=1):
             line = raw.strip()
@@ -57,7 +64,10 @@ class Policy:
             if sep and re.fullmatch(r"[A-Za-z0-9_.-]{1,40}", name.strip()) and rest.strip():
                 name, expr = name.strip(), rest.strip()
             else:
-                name, expr = f"rule-{n}", r"\b" + r"\s+".join(map(re.escape, line.split())) + r"\b"
+                words = fold(line).split()
+                if not words:
+                    continue
+                name, expr = f"rule-{n}", r"\b" + r"\s+".join(map(re.escape, words)) + r"\b"
             try:
                 rules.append(DenyRule(name, re.compile(expr, re.IGNORECASE)))
             except re.error as err:
@@ -89,19 +99,29 @@ def check_text(text: str, policy: Policy, *, field_name: str = "message") -> Non
         if unicodedata.category(ch) == "Cc" or ch in _BIDI:
             raise _block("control_chars", f"the {field_name} holds a control character "
                          f"(U+{ord(ch):04X} at position {i})", field=field_name, position=i)
+    folded = fold(text) if policy.deny else text
     for rule in policy.deny:
-        if rule.pattern.search(text):
+        if rule.pattern.search(folded) or rule.pattern.search(text):
             raise _block("deny_list", f"the {field_name} is refused by this server's deny list "
                          f"(rule {rule.name!r})", field=field_name, name=rule.name)
 
 
-def check_input(message: str, history: Sequence[dict] | None, policy: Policy) -> None:
+def check_input(message: str, history: Sequence[dict] | None, policy: Policy, *,
+                continue_from: str | None = None) -> None:
+    """Every text the model will read: the message, each history turn, a stopped answer to continue."""
     check_text(message, policy)
+    longer = Policy(max_chars=max(policy.max_chars, 32_000), deny=policy.deny)
+    if isinstance(continue_from, str) and continue_from.strip():
+        check_text(continue_from, longer, field_name="continue_from")
     for turn in history or ():
-        if isinstance(turn, dict) and turn.get("role") == "user":
-            # An earlier user turn reaches the model as much as the message does.
-            check_text(turn.get("content") or "", Policy(max_chars=max(policy.max_chars, 32_000),
-                                                         deny=policy.deny), field_name="history")
+        if not isinstance(turn, dict) or turn.get("role") not in ("user", "assistant"):
+            continue  # parse_history refuses it by name
+        content = turn.get("content")
+        if turn["role"] == "assistant" and (not isinstance(content, str) or not content.strip()):
+            continue  # not text: parse_history refuses it; blank: nothing reaches the model
+        # Every earlier turn, the user's and the assistant's, reaches the model as much as
+        # the message does: a client may send any text as an "assistant" turn.
+        check_text(content if isinstance(content, str) else "", longer, field_name="history")
 
 
 def _output(rule: str, message: str, **detail) -> GuardrailBlocked:

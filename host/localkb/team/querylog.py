@@ -6,6 +6,14 @@ stage's latency, the cache tier that answered (``exact`` | ``semantic`` | null),
 rerank order (before/after positions and scores), the answer's citations and the outcome
 (``answered`` or the error code that stopped it: ``rate_limited``, ``guardrail_blocked``, …).
 An administrator lists and exports every row; any other user sees only their own.
+
+A row is shown through the caller's access as it is now, not as it was when the row was
+written: a citation (or a rerank entry) of a passage the caller can no longer see — its
+knowledge base's grant revoked, its role's clearance lowered, the source raised or deleted —
+is shown as ``[a source you can no longer see]``, its knowledge base, title, URL, position
+and ids withheld. No row holds the answer or a passage's text (only the question, which is
+the caller's own), so nothing else of a source is kept to withhold. An administrator sees
+every knowledge base at every level, and so every row as it was written.
 """
 
 from __future__ import annotations
@@ -21,6 +29,10 @@ from localkb.team.access import Access
 from localkb.team.db import Database
 
 EXPORT_FORMATS = ("jsonl", "csv")
+#: What a citation of a passage the caller can no longer see says in its title.
+REDACTED = "[a source you can no longer see]"
+#: The fields of a citation or rerank entry that name or locate its source.
+_SOURCE_FIELDS = ("kb", "kb_name", "title", "url", "chunk_index", "chunk_id", "page", "text")
 _COLUMNS = ("id", "at", "user", "address", "kind", "query", "access", "kbs", "outcome", "error_code",
             "cache", "stages", "rerank", "citations", "model", "total_ms")
 
@@ -70,7 +82,8 @@ class QueryLog:
             rows = conn.execute(f"SELECT * FROM query_log WHERE {where} ORDER BY id DESC "  # noqa: S608
                                 "LIMIT %(l)s OFFSET %(o)s", {**args, "l": limit, "o": offset}
                                 ).fetchall()
-        return [_public(r) for r in rows], int(total)
+            visible = _visible_now(conn, access, rows)
+        return [_public(r, visible) for r in rows], int(total)
 
     def export(self, access: Access, fmt: str, *, user: str | None = None) -> bytes:
         """Every row the caller may see, oldest first, as JSON lines or CSV."""
@@ -79,22 +92,73 @@ class QueryLog:
                                detail={"field": "format"})
         where, args = self._where(access, user)
         with self.db.conn() as conn:
-            rows = [_public(r) for r in conn.execute(
-                f"SELECT * FROM query_log WHERE {where} ORDER BY id", args)]  # noqa: S608
+            raw = conn.execute(f"SELECT * FROM query_log WHERE {where} ORDER BY id",  # noqa: S608
+                               args).fetchall()
+            visible = _visible_now(conn, access, raw)
+        rows = [_public(r, visible) for r in raw]
         if fmt == "jsonl":
             return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode()
         out = io.StringIO()
-        writer = csv.DictWriter(out, fieldnames=_COLUMNS)
-        writer.writeheader()
+        # Every field quoted (a quote inside doubled), so no separator or line break in a
+        # message can end its cell; every field neutralised, so none becomes a formula.
+        writer = csv.writer(out, quoting=csv.QUOTE_ALL)
+        writer.writerow(_COLUMNS)
         for r in rows:
-            writer.writerow({k: json.dumps(v, ensure_ascii=False) if isinstance(v, dict | list)
-                             else v for k, v in r.items()})
+            writer.writerow([csv_cell(json.dumps(r[k], ensure_ascii=False)
+                                      if isinstance(r[k], dict | list) else r[k]) for k in _COLUMNS])
         return out.getvalue().encode()
 
 
-def _public(r: dict) -> dict:
+#: What makes a spreadsheet read a cell as a formula (OWASP "CSV Injection"): these first,
+#: or after leading spaces or quotes, which some spreadsheets strip before they look; their
+#: full-width forms too, in case one normalises them (such a cell only gains a ').
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "\uff1d", "\uff0b", "\uff0d", "\uff20")
+
+
+def csv_cell(value: Any) -> str:
+    """One CSV field as text a spreadsheet shows as text: a leading ``'`` before a formula start."""
+    text = "" if value is None else str(value)
+    if text.startswith(_FORMULA_START) or text.lstrip(" \"'").startswith(_FORMULA_START):
+        return "'" + text
+    return text
+
+
+def _entries(r: dict) -> list[dict]:
+    """The row's citations and rerank entries: every place it names a passage."""
+    rerank = r["rerank"] if isinstance(r["rerank"], dict) else {}
+    return list(r["citations"] or []) + [e for kb in rerank.values() if isinstance(kb, dict)
+                                         for e in kb.get("order", [])]
+
+
+def _visible_now(conn, access: Access, rows: list[dict]) -> set[str] | None:
+    """The passages named in ``rows`` that ``access`` may see now (None: every one, an admin)."""
+    if access.everything:
+        return None
+    ids = list({e.get("chunk_id") for r in rows for e in _entries(r)} - {None})
+    if not ids or not access.kbs:
+        return set()
+    kbs = list(access.kbs)
+    return {row["id"] for row in conn.execute(
+        "SELECT c.id FROM chunks c JOIN unnest(%s::text[], %s::int[]) AS g(kb, lvl) "
+        "ON c.kb_id = g.kb AND c.access_level <= g.lvl WHERE c.id = ANY(%s)",
+        (kbs, [access.kbs[k].level for k in kbs], ids))}
+
+
+def _seen(entry: dict, visible: set[str] | None) -> dict:
+    if visible is None or entry.get("chunk_id") in visible:
+        return entry
+    return {**entry, **{k: None for k in _SOURCE_FIELDS if k in entry}, "title": REDACTED,
+            "redacted": True}
+
+
+def _public(r: dict, visible: set[str] | None) -> dict:
+    rerank = r["rerank"]
+    if visible is not None and isinstance(rerank, dict):
+        rerank = {kb: {**v, "order": [_seen(e, visible) for e in v.get("order", [])]}
+                  if isinstance(v, dict) else v for kb, v in rerank.items()}
     return {"id": r["id"], "at": r["at"], "user": r["user_name"], "address": r["address"],
             "kind": r["kind"], "query": r["query"], "access": r["access"], "kbs": r["kbs"],
             "outcome": r["outcome"], "error_code": r["error_code"], "cache": r["cache"],
-            "stages": r["stages"], "rerank": r["rerank"], "citations": r["citations"],
+            "stages": r["stages"], "rerank": rerank,
+            "citations": [_seen(c, visible) for c in r["citations"] or []],
             "model": r["model"], "total_ms": r["total_ms"]}

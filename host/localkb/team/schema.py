@@ -199,6 +199,12 @@ CREATE TABLE rate_counts (
     PRIMARY KEY (scope, key, day)
 );
 """),
+    # A writer's add at the URL of a source above their clearance makes a source of their own
+    # there (``TeamKnowledgeBase.source_id_for``), so one key may have several sources.
+    (37, "sources: several at one key, one per clearance that wrote it", """
+ALTER TABLE sources DROP CONSTRAINT sources_kb_id_key_key;
+CREATE INDEX sources_kb_key ON sources (kb_id, key);
+"""),
 )
 
 

@@ -8,8 +8,9 @@ local product — the ingest pipeline, the Searcher, the ``.awkb`` export and im
 Replies have the host protocol's shape: ``{"ok": true, "result": …}`` or
 ``{"ok": false, "error": {"code", "message", "detail"?}}`` with an HTTP status that
 matches the code (400 invalid_input, 401 unauthorized, 403 forbidden, 404 *_not_found,
-409 conflict, 411/413 for a missing or oversized body, 503 team_unavailable and
-embedding_unavailable). Bodies are read only up to their cap; nothing past it is read.
+409 conflict, 411/413 for a missing or oversized body, 421 host_not_allowed, 503
+team_unavailable and embedding_unavailable). Bodies are read only up to their cap; nothing
+past it is read. The Host header is checked first (``hosts.py``: DNS rebinding).
 
     GET    /v1/health                              no token: name, version, database state
     GET    /v1/me                                  the caller and their access
@@ -48,6 +49,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+import psycopg
+
 from localkb import __version__
 from localkb.answer.privacy import endpoint_location
 from localkb.config import Settings
@@ -58,9 +61,10 @@ from localkb.errors import (
     TeamUnavailable,
     TooLarge,
 )
-from localkb.native.handlers import b64_bytes, req_bool, req_int, req_kbs, req_str
+from localkb.inputs import b64_bytes, parse_object, req_bool, req_int, req_kbs, req_str
 from localkb.team.access import Access, Directory, level_of, require_admin
-from localkb.team.db import Database
+from localkb.team.db import Database, mapped
+from localkb.team.hosts import HostNames
 from localkb.team.schema import LEVELS
 from localkb.team.store import TeamStore
 
@@ -80,6 +84,7 @@ STATUS = {
     "source_not_found": 404, "conflict": 409, "nothing_written": 422, "model_mismatch": 409,
     "team_unavailable": 503, "embedding_unavailable": 503, "index_unavailable": 503,
     "store_error": 500, "cancelled": 499, "rate_limited": 429, "guardrail_blocked": 422,
+    "host_not_allowed": 421, "origin_not_allowed": 403,
 }
 
 
@@ -116,16 +121,7 @@ class Request:
         return int(raw)
 
     def json(self) -> dict:
-        raw = self._read_body(self.json_cap)
-        if not raw:
-            return {}
-        try:
-            data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as err:
-            raise ProtocolError(f"the body is not JSON: {err}", detail={"reason": "bad_json"}) from err
-        if not isinstance(data, dict):
-            raise ProtocolError("the body must be a JSON object", detail={"reason": "not_an_object"})
-        return data
+        return parse_object(self._read_body(self.json_cap))
 
     def raw(self, limit: int) -> bytes:
         return self._read_body(limit)
@@ -144,8 +140,10 @@ class TeamAPI:
 
     def __init__(self, db: Database, settings: Settings, *, name: str = "team",
                  max_import_bytes: int = MAX_IMPORT_BYTES, max_json_bytes: int = MAX_JSON_BYTES,
-                 chat=None) -> None:
+                 chat=None, allowed_hosts: tuple[str, ...] = ()) -> None:
         self.db = db
+        #: The Host names answered beside loopback ones (``hosts.py``: DNS rebinding).
+        self.hosts = HostNames.of(allowed_hosts)
         self.settings = settings
         self.name = name
         self.directory = Directory(db)
@@ -180,6 +178,7 @@ class TeamAPI:
     # -- dispatch -------------------------------------------------------------------------
     def dispatch(self, req: Request) -> tuple[int, Any]:
         """(HTTP status, result): a dict for JSON, or (bytes, headers) for a file."""
+        self.hosts.check(req.method, req.headers)  # before any route or token is looked at
         known_path = False
         for method, pattern, fn, auth in self.routes:
             if len(pattern) != len(req.parts) or not all(
@@ -191,7 +190,10 @@ class TeamAPI:
             if auth:
                 req.access = self.directory.authenticate(_bearer(req.headers.get("Authorization")))
             args = [req.parts[i] for i, p in enumerate(pattern) if p == "*"]
-            return 200, fn(req, *args)
+            try:
+                return 200, fn(req, *args)
+            except psycopg.Error as err:  # one that a store path let through: mapped all the same
+                raise mapped(err) from err
         if known_path:
             raise InvalidInput(f"{req.method} is not allowed here", detail={"reason": "method"})
         raise _NoRoute(f"no such endpoint: {req.method} /{'/'.join(req.parts)}")
@@ -356,9 +358,8 @@ class TeamAPI:
         return {**report.to_dict(), "access": LEVELS[level]}
 
     def errors(self, req: Request) -> dict:
-        kb = req.arg("kb", max_len=200)
         rows, total = self.store(req).errors(
-            source=req.arg("source", max_len=40), kb_id=self.system.resolve(kb).id if kb else None,
+            source=req.arg("source", max_len=40), kb=req.arg("kb", max_len=200) or None,
             offset=req.int_arg("offset", 0, lo=0, hi=10**9), limit=req.int_arg("limit", 20, lo=1, hi=200))
         return {"errors": rows, "total": total}
 
@@ -479,7 +480,7 @@ def _handler_class(api: TeamAPI):
             if isinstance(result, tuple):
                 body, headers = result
             else:
-                body = json.dumps(result, ensure_ascii=False, default=str).encode("utf-8")
+                body = _json_bytes(result)
                 headers = {"Content-Type": "application/json; charset=utf-8"}
             try:
                 known = status in HTTPStatus._value2member_map_
@@ -497,6 +498,15 @@ def _handler_class(api: TeamAPI):
         do_GET = do_POST = do_PATCH = do_DELETE = do_PUT = _handle
 
     return Handler
+
+
+def _json_bytes(result: Any) -> bytes:
+    try:
+        return json.dumps(result, ensure_ascii=False, default=str).encode("utf-8")
+    except UnicodeEncodeError:
+        # A lone surrogate from somewhere (a row stored before input was checked): ASCII
+        # escapes keep the reply valid UTF-8, and a reply always goes out.
+        return json.dumps(result, ensure_ascii=True, default=str).encode("ascii")
 
 
 class _LengthRequired(ProtocolError):
@@ -534,7 +544,7 @@ class TeamServer(ThreadingHTTPServer):
 
 def serve(db_url: str | None, *, team_dir, host: str, port: int, name: str, settings: Settings,
           ready: Callable[[str], None] | None = None, stop: threading.Event | None = None,
-          chat=None, rerank_model: str | None = None) -> None:
+          chat=None, rerank_model: str | None = None, allowed_hosts: tuple[str, ...] = ()) -> None:
     """Run the team server until ``stop`` is set (the CLI sets it on SIGINT/SIGTERM).
 
     With no ``db_url`` the embedded PostgreSQL in ``team_dir`` is started first and stopped
@@ -545,12 +555,15 @@ def serve(db_url: str | None, *, team_dir, host: str, port: int, name: str, sett
     pg = None
     if db_url is None:
         pg = EmbeddedPostgres(team_dir)
-        pg.acquire(wait=True)
-        db_url = pg.start()
+        if pg.standalone():  # `localkb team db start` runs it for several servers: use, never stop
+            db_url, pg = pg.url(), None
+        else:
+            pg.acquire(wait=True)
+            db_url = pg.start()
     try:
         db = Database(db_url)
         try:
-            api = TeamAPI(db, settings, name=name, chat=chat)
+            api = TeamAPI(db, settings, name=name, chat=chat, allowed_hosts=allowed_hosts)
             if rerank_model:
                 from pathlib import Path
 

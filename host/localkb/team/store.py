@@ -25,6 +25,7 @@ filter, so a name held only above the user's clearance is missing for that user.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -43,6 +44,7 @@ from localkb.errors import (
     KnowledgeBaseNotFound,
     ModelMismatch,
     SourceNotFound,
+    TeamUnavailable,
 )
 from localkb.ingest.chunk import passage_text
 from localkb.store.analysis import analyze
@@ -78,6 +80,10 @@ MAX_EF_SEARCH = 1000
 #: Rows the iterative scan may visit before giving up (pgvector's default is 20,000).
 MAX_SCAN_TUPLES = 40_000
 MAX_LEXEME_BYTES = 2046  # PostgreSQL's limit for one lexeme is 2 KB
+#: Which of several sources at one key (URL or path) a writer's add, change or removal reaches,
+#: among those they may see: their own, then the most restricted, then the oldest. A source
+#: above their clearance is never among them (``TeamKnowledgeBase.source_id_for``).
+_REACH_ORDER = "added_by = %s DESC, access_level DESC, added_at, id"
 
 
 def _quote(term: str) -> str:
@@ -198,8 +204,7 @@ class AdvisoryLocks(ItemLocks):
             if k in self._held:  # the job's own hold (a key sharing the hash shares it, as stripes do)
                 self._held[k] += 1
                 return True
-            row = self._connection().execute("SELECT pg_try_advisory_lock(%s, %s)",
-                                             (self.NAMESPACE, k)).fetchone()
+            row = self._run("SELECT pg_try_advisory_lock(%s, %s)", k).fetchone()
             if not row[0]:
                 return False
             self._held[k] = 1
@@ -213,7 +218,24 @@ class AdvisoryLocks(ItemLocks):
             self._held[k] -= 1
             if self._held[k] == 0:
                 del self._held[k]
-                self._conn.execute("SELECT pg_advisory_unlock(%s, %s)", (self.NAMESPACE, k))
+                with contextlib.suppress(TeamUnavailable):  # a lost session took its locks with it
+                    self._run("SELECT pg_advisory_unlock(%s, %s)", k)
+
+    def _run(self, statement: str, k: int):
+        """One statement on the lock session; a lost session is forgotten with its locks, and
+        its error mapped as every other team database error is."""
+        import psycopg
+
+        from localkb.team.db import mapped
+
+        try:
+            return self._connection().execute(statement, (self.NAMESPACE, k))
+        except psycopg.Error as err:
+            self._held.clear()
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+            raise mapped(err) from err
 
     def release_all(self) -> None:
         with self._mutex:
@@ -232,6 +254,8 @@ def _record(row: dict) -> KBRecord:
 
 class TeamStore(KnowledgeStore):
     """The team database as one user sees it (``Access.system()``: the server's own view)."""
+
+    history_is_local = False  # a chat's history comes from the client's machine
 
     def __init__(self, db: Database, settings: Settings, access: Access, *,
                  models: EmbedderRegistry | None = None, write_level: int | None = None) -> None:
@@ -397,9 +421,12 @@ class TeamStore(KnowledgeStore):
         except Exception:  # noqa: S110 - a failure to log never hides the original error
             pass
 
-    def errors(self, *, source: str | None = None, kb_id: str | None = None, offset: int = 0,
+    def errors(self, *, source: str | None = None, kb: str | None = None, offset: int = 0,
                limit: int = 20) -> tuple[list[dict], int]:
+        """The error log, newest first; ``kb`` (an id or a name) is resolved only for an admin,
+        so nobody else learns from the refusal whether it exists."""
         require_admin(self.access)
+        kb_id = self.resolve(kb).id if kb else None
         with self.db.conn() as conn:
             where = "WHERE (%(s)s::text IS NULL OR source = %(s)s) AND (%(k)s::text IS NULL OR kb_id = %(k)s)"
             args = {"s": source, "k": kb_id, "o": offset, "l": limit}
@@ -409,6 +436,16 @@ class TeamStore(KnowledgeStore):
         return [{"id": r["id"], "at": r["at"], "source": r["source"], "code": r["code"],
                  "message": r["message"], "kb": r["kb_id"], "ref": r["ref"], "detail": r["detail"]}
                 for r in rows], total
+
+
+#: The sources of an export, oldest first. An archive holds one source per key; several at one
+#: key (writers of different clearances at one URL) keep the oldest's key, the others get their
+#: id appended to theirs, so the file imports whole.
+_EXPORT_SOURCES = (
+    "SELECT id, kb_id, CASE WHEN row_number() OVER (PARTITION BY key ORDER BY added_at, id) > 1 "
+    "THEN key || '#' || id ELSE key END AS key, type, title, url, file_name, content_hash, "
+    "captured_by, chunk_count, pages, lang, added_at, updated_at, access_level, added_by "
+    "FROM sources WHERE kb_id = %s AND access_level <= %s ORDER BY added_at, id")
 
 
 class TeamKnowledgeBase(KnowledgeBaseHandle):
@@ -444,6 +481,34 @@ class TeamKnowledgeBase(KnowledgeBaseHandle):
 
     def item_locks(self) -> ItemLocks:
         return AdvisoryLocks(self.db.url)
+
+    def source_id_for(self, key: str) -> str:
+        """The source an add at ``key`` writes: one the caller may see at that key, else a new
+        one of their own, whatever is stored above their clearance there.
+
+        A writer's add at the URL of a source they cannot see neither overwrites it nor is
+        refused (which would say it exists): it makes a separate source, whose id is derived
+        from the key and the writer, so their next add at that URL reaches it again. Their
+        replies are those of a knowledge base without the hidden source.
+        """
+        import itertools
+
+        access = self.store.access
+        with self.db.conn() as conn:
+            row = conn.execute(
+                "SELECT id FROM sources WHERE kb_id = %s AND key = %s AND access_level <= %s "
+                f"ORDER BY {_REACH_ORDER} LIMIT 1",
+                (self.id, key, self.level, access.user)).fetchone()
+            if row is not None:
+                return row["id"]
+            if access.everything:
+                return source_id(self.id, key)  # they see every source: none is at this key
+            for n in itertools.count():
+                # Taken only by their own earlier source there, since raised above them.
+                sid = source_id(self.id, f"{key}\x1f{access.user_id}\x1f{n}")
+                if conn.execute("SELECT 1 FROM sources WHERE id = %s", (sid,)).fetchone() is None:
+                    return sid
+        raise AssertionError("unreachable")
 
     def source_state(self, sid: str) -> tuple[str, int] | None:
         with self.db.conn() as conn:
@@ -673,8 +738,9 @@ class TeamKnowledgeBase(KnowledgeBaseHandle):
         file_key = "file:" + str(Path(ref).expanduser().resolve()) if len(ref) < 4096 else ref
         row = conn.execute(
             "SELECT id, title, access_level FROM sources WHERE kb_id = %s AND access_level <= %s "
-            "AND (id = %s OR key = %s OR url = %s OR key = %s) ORDER BY id = %s DESC LIMIT 1",
-            (self.id, self.level, ref, ref, ref, file_key, ref)).fetchone()
+            "AND (id = %s OR key = %s OR url = %s OR key = %s) "
+            f"ORDER BY id = %s DESC, {_REACH_ORDER} LIMIT 1",
+            (self.id, self.level, ref, ref, ref, file_key, ref, self.store.access.user)).fetchone()
         if row is None:
             raise SourceNotFound(f"no source {ref!r} in {self.record.name!r}")
         return row
@@ -787,8 +853,7 @@ class TeamKnowledgeBase(KnowledgeBaseHandle):
                     n_c = conn.execute("SELECT count(*) AS n FROM chunks WHERE kb_id = %s "
                                        "AND access_level <= %s", args).fetchone()["n"]
                     yield Snapshot(record=dict(rec), n_sources=n_s, n_chunks=n_c,
-                                   sources=self._stream(conn, "SELECT * FROM sources WHERE kb_id = %s "
-                                                        "AND access_level <= %s ORDER BY added_at, id", args),
+                                   sources=self._stream(conn, _EXPORT_SOURCES, args),
                                    chunks=self._chunk_stream(conn, args))
             finally:
                 conn.isolation_level = None
