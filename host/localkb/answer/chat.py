@@ -45,6 +45,7 @@ from localkb.retrieval.search import Hit, KBStatus, Reranker, Searcher, names_ph
 from localkb.store.analysis import stopwords, tokens
 from localkb.store.base import KnowledgeStore as Store
 from localkb.store.catalog import KBRecord
+from localkb.strings import plural
 
 #: What the model is told to say, and what the extractive path says, when the passages fall short.
 IDK = "I don't know from these documents"
@@ -157,6 +158,9 @@ class ChatOptions:
     #: Knowledge bases (ids or names) whose weaker matches join the passages; the side
     #: panel's "Use weaker matches from <KB>" asks for one.
     weaker_kbs: tuple[str, ...] = ()
+    #: How an answer from no passages says to use the weaker matches: the panel's button
+    #: reads "Use weaker matches"; the CLI names its flag.
+    ask_weaker: str = "ask again using weaker matches"
     strict: bool = False
     rewrite_timeout: float = REWRITE_TIMEOUT_S
     timeouts: Timeouts = DEFAULT_TIMEOUTS
@@ -786,7 +790,8 @@ def _order(hit: Hit) -> tuple:
             hit.cosine or 0.0)
 
 
-def _no_passages_answer(statuses: Sequence[KBStatus], use_weaker: bool) -> str:
+def _no_passages_answer(statuses: Sequence[KBStatus], use_weaker: bool,
+                        ask_weaker: str = ChatOptions.ask_weaker) -> str:
     searched = [s for s in statuses if s.status not in ("skipped", "unavailable")]
     failed = [s.kb_name for s in statuses if s.status == "unavailable"]
     if not searched:
@@ -805,8 +810,9 @@ def _no_passages_answer(statuses: Sequence[KBStatus], use_weaker: bool) -> str:
     # "weaker" (a "nothing" status has none worth offering).
     weaker = sum(s.weaker for s in statuses if s.status == "weaker")
     if weaker and not use_weaker:
-        text += (f" There {'is' if weaker == 1 else 'are'} {weaker} weaker "
-                 f"match{'es' if weaker != 1 else ''}; ask again using weaker matches to see them.")
+        matches = plural(weaker, "weaker match", "weaker matches")
+        text += (f" There {'is' if weaker == 1 else 'are'} {matches}; "
+                 f"{ask_weaker} to see {'it' if weaker == 1 else 'them'}.")
     return text
 
 
@@ -979,7 +985,7 @@ def run_turn(
         location,
         None if endpoint is None else (endpoint.name, endpoint.base_url, endpoint.model,
                                        endpoint.mark_cloud),
-        options.k, options.use_weaker_matches, weaker_ids, tuple(scope),
+        options.k, options.use_weaker_matches, weaker_ids, tuple(scope), options.ask_weaker,
     )
     qvec = None
     # The query's embeddings by model: filled once, read by the semantic cache and by every
@@ -1148,7 +1154,8 @@ def run_turn(
     elif passages:
         answer, cited = extractive_answer(passages, options.no_model_reason, missing)
     else:
-        answer = _no_passages_answer(statuses, options.use_weaker_matches or bool(weaker_ids))
+        answer = _no_passages_answer(statuses, options.use_weaker_matches or bool(weaker_ids),
+                                     options.ask_weaker)
     if removed:
         notes.append("Removed citations to passages that were not given: "
                      + ", ".join(f"[{n}]" for n in removed) + ".")

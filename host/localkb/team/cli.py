@@ -18,6 +18,7 @@ from pathlib import Path
 
 from localkb.config import Settings
 from localkb.errors import InvalidInput
+from localkb.strings import plural
 
 
 def _settings() -> Settings:
@@ -383,7 +384,7 @@ def cmd_set_access(args, out) -> int:
     if not getattr(kb, "remote", False):
         raise InvalidInput(f"{kb.record.name!r} is a local knowledge base: access levels are a team's")
     res = kb.set_access(args.source, args.level)
-    out.emit(res, f"{res['title']}: {res['was']} -> {res['access']} ({res['chunks']} passages)")
+    out.emit(res, f"{res['title']}: {res['was']} -> {res['access']} ({plural(res['chunks'], 'passage')})")
     return 0
 
 

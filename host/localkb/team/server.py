@@ -21,6 +21,7 @@ past it is read. The Host header is checked first (``hosts.py``: DNS rebinding).
     POST   /v1/search                              {kbs, query, k?, mode?, cutoff?, per_source?, ...}
     GET    /v1/kbs/{kb}/sources?offset=&limit=     the sources the caller may see
     POST   /v1/kbs/{kb}/sources                    {url?, title?, html|text|pdf_base64, access?}: report
+                                                   (or file_base64 with file_name: any type add reads)
     PATCH  /v1/kbs/{kb}/sources/{source}           {access}
     DELETE /v1/kbs/{kb}/sources/{source}
     GET    /v1/kbs/{kb}/passages?source=&index=&radius=   a passage with its neighbours
@@ -308,7 +309,8 @@ class TeamAPI:
             title=req_str(data, "title", required=False, max_len=2000, allow_empty=True),
             html=req_str(data, "html", required=False, max_len=MAX_TEXT),
             text=req_str(data, "text", required=False, max_len=MAX_TEXT),
-            pdf=b64_bytes(data, "pdf_base64"), captured_by=captured_by,
+            pdf=b64_bytes(data, "pdf_base64"), file=b64_bytes(data, "file_base64"),
+            file_name=req_str(data, "file_name", required=False, max_len=1000), captured_by=captured_by,
             canonical_url=req_str(data, "canonical_url", required=False, max_len=8192),
             lang=req_str(data, "lang", required=False, max_len=35))
         out = {**report.to_dict(), "kb": handle.id, "kb_name": handle.record.name}
