@@ -147,12 +147,12 @@ def _open_steps(answer) -> list[str]:
 
 
 def _shots(panel, name: str) -> list[Path]:
-    """The panel as it is, at 320 and 400 px, light and dark."""
+    """The panel as it is, at 320, 400 and 600 px, light and dark."""
     ARTIFACTS.mkdir(exist_ok=True)
     out = []
     for scheme in ("light", "dark"):
         panel.emulate_media(color_scheme=scheme)
-        for width in (320, 400):
+        for width in (320, 400, 600):
             panel.set_viewport_size({"width": width, "height": 860})
             wide = panel.evaluate("() => document.documentElement.scrollWidth - innerWidth")
             assert wide <= 0, (name, scheme, width, wide)
