@@ -297,7 +297,7 @@ function renderKnowledgeBases(defaultKb) {
     addTo,
     ...(state.kbs.length
       ? state.kbs.map((kb) => el("option", { value: kb.id, text: kb.name, selected: kb.id === current }))
-      : [el("option", { value: "", text: "My knowledge base (new)" })]), // the worker's FIRST_KB_NAME
+      : [el("option", { value: "", text: "new knowledge base" })]), // the worker makes FIRST_KB_NAME
   );
 }
 
@@ -418,6 +418,8 @@ async function renderJobs() {
   $("jobs-empty").hidden = jobs.length > 0;
   const badge = $("saves-badge");
   badge.hidden = jobs.length === 0;
+  // Nothing saved in this session yet: no list to open (the first run needs the row's room).
+  $("saves-toggle").hidden = jobs.length === 0;
   badge.textContent = String(jobs.length);
   badge.className = jobs.some((j) => j.state === "failed" || j.report?.failed) ? "badge bad" : "badge";
   // One status line for the newest save: what is happening now, or how it ended.

@@ -458,7 +458,7 @@ def test_the_first_run_guides_to_a_first_save_and_to_a_model(pw, tmp_path, pages
             return {text: s.selectedOptions[0].text,
                     need: c.measureText(s.selectedOptions[0].text).width + 28, width: s.clientWidth};
         }""")
-        assert fits["text"] == "My knowledge base (new)" and fits["need"] <= fits["width"], fits
+        assert fits["text"] == "new knowledge base" and fits["need"] <= fits["width"], fits
         _shots(panel, "first-run")
         panel.bring_to_front()
         fresh.worker_eval("(id) => chrome.tabs.update(id, {active: true})", tab["id"])
