@@ -30,6 +30,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,7 @@ FIREFOX_CANDIDATES = ("/usr/bin/firefox-esr", "/usr/lib/firefox-esr/firefox-esr"
 GECKO_ID = "localkb@localkb.invalid"
 EXTENSION_UUID = "6b1c5f3e-9d3a-4c1e-8f43-10ca1b0c0001"
 # A hang guard for waits, never a pass/fail criterion on speed.
-WAIT_S = 180.0
+WAIT_S = 120.0
 
 PREFS: dict[str, Any] = {
     # A fixed moz-extension:// origin, so tests can open the extension's pages by URL.
@@ -267,6 +268,63 @@ class Tab:
         """Bring this tab to the front (background tabs run their timers slowly)."""
         self.bidi.command("browsingContext.activate", {"context": self.context})
 
+    def text(self, selector: str) -> str:
+        """The innerText of the first element matching ``selector`` (waits for it)."""
+        return self.wait_for("(sel) => { const el = document.querySelector(sel);"
+                             " return el ? [el.innerText] : null; }", selector)[0]
+
+    def texts(self, selector: str) -> list[str]:
+        """The innerText of every element matching ``selector`` now."""
+        return self.eval("(sel) => [...document.querySelectorAll(sel)].map((el) => el.innerText)", selector)
+
+    def click(self, finder: str, arg: Any = None) -> None:
+        """Click, with a real mouse, the element ``finder`` finds.
+
+        ``finder`` is a CSS selector, or a JS function ``(arg) => element``. Waits until the
+        element exists and is visible, scrolls it into view, then moves, presses and releases.
+        """
+        find = finder if finder.lstrip().startswith("(") else \
+            f"() => document.querySelector({json.dumps(finder)})"
+        self.wait_for(f"(arg) => {{ const el = ({find})(arg);"
+                      " if (!el || !el.getClientRects().length) return false;"
+                      " el.scrollIntoView({block: 'center'}); return true; }", arg)
+        found = self.bidi.command("script.callFunction", {
+            "functionDeclaration": f"(raw) => ({find})(JSON.parse(raw))",
+            "arguments": [{"type": "string", "value": json.dumps(arg)}],
+            "target": {"context": self.context}, "awaitPromise": False, "resultOwnership": "root"})
+        node = found["result"]
+        if node.get("type") != "node":
+            raise BiDiError(f"{finder!r} found no element")
+        self.bidi.command("input.performActions", {"context": self.context, "actions": [{
+            "type": "pointer", "id": "mouse", "parameters": {"pointerType": "mouse"}, "actions": [
+                {"type": "pointerMove", "x": 0, "y": 0,
+                 "origin": {"type": "element", "element": {"sharedId": node["sharedId"]}}},
+                {"type": "pointerDown", "button": 0}, {"type": "pointerUp", "button": 0}]}]})
+
+    def type(self, text: str) -> None:
+        """Type ``text`` with the keyboard into what has focus; a newline presses Enter."""
+        keys = []
+        for ch in text:
+            key = "\ue007" if ch == "\n" else ch
+            keys += [{"type": "keyDown", "value": key}, {"type": "keyUp", "value": key}]
+        self.bidi.command("input.performActions", {"context": self.context, "actions": [
+            {"type": "key", "id": "keyboard", "actions": keys}]})
+
+    def fill(self, selector: str, text: str) -> None:
+        """Empty a text field, then click it and type ``text`` (as a user would)."""
+        self.eval("(sel) => { const el = document.querySelector(sel); el.value = '';"
+                  " el.dispatchEvent(new Event('input', {bubbles: true})); }", selector)
+        self.click(selector)
+        self.type(text)
+
+    def select(self, selector: str, value: str) -> None:
+        """Choose ``value`` in a <select>, firing the change event the page listens for."""
+        self.eval("([sel, value]) => { const el = document.querySelector(sel);"
+                  " if (![...el.options].some((o) => o.value === value))"
+                  " throw new Error('no option ' + value);"
+                  " el.value = value; el.dispatchEvent(new Event('input', {bubbles: true}));"
+                  " el.dispatchEvent(new Event('change', {bubbles: true})); }", [selector, value])
+
     def viewport(self, width: int, height: int) -> None:
         self.bidi.command("browsingContext.setViewport",
                           {"context": self.context, "viewport": {"width": width, "height": height}})
@@ -384,8 +442,17 @@ class FirefoxExtension:
             tab.goto(url)
             return tab
         tab.goto(self.trampoline)
-        tab.eval("(url) => { location.href = url; }", self.url(url))
-        tab.wait_for("(url) => location.href === url && document.readyState === 'complete'", self.url(url))
+        target = self.url(url)
+        tab.eval("(url) => { location.href = url; }", target)
+        # BiDi sends no load event for extension pages: wait until the tab's tree shows the
+        # committed URL, then for the document itself.
+        deadline = time.monotonic() + WAIT_S
+        while self.bidi.command("browsingContext.getTree",
+                                {"root": context, "maxDepth": 0})["contexts"][0]["url"] != target:
+            if time.monotonic() > deadline:
+                raise BiDiError(f"the tab never reached {target}")
+            time.sleep(0.05)  # the poll interval of this wait, not a wait in itself
+        tab.wait_for("() => document.readyState === 'complete'")
         return tab
 
     def background(self, expression: str, arg: Any = None) -> Any:
