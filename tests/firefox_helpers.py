@@ -77,6 +77,10 @@ def build_firefox_extension(dest: Path, *, host_permissions: list[str] | None = 
     # the extension's pages are web-accessible to it (test build only).
     manifest["web_accessible_resources"] = [{"resources": ["*.html"], "matches": ["http://127.0.0.1/*"]}]
     path.write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    # An extension page that does nothing by itself, from which the tests reach the background
+    # page (the real pages ask the host for things on load, which would hide what install did).
+    (dest / "test-blank.html").write_text("<!doctype html><meta charset=\"utf-8\"><title>test</title>\n",
+                                          encoding="utf-8")
     return dest
 
 
@@ -379,7 +383,7 @@ class FirefoxExtension:
             self.bidi.command("webExtension.install", {"extensionData": {"type": "path",
                                                                          "path": str(self.extension)}})
             self.trampoline = self._serve_blank()
-            self.background_tab = self.open("options.html")
+            self.background_tab = self.open("test-blank.html")
             self.background_tab.wait_for(
                 "async () => { const bg = await chrome.runtime.getBackgroundPage(); return !!bg?.localkb; }")
         except BaseException:
