@@ -7,8 +7,8 @@ generated Firefox build (``tools/firefox_manifest.py`` writes ``build/firefox/``
 tmp and installed as a temporary add-on with BiDi's ``webExtension.install``.
 
 Firefox reads per-user native-messaging manifests from ``$HOME/.mozilla/native-messaging-hosts``
-on Linux, so each browser gets its own temporary ``HOME`` and ``register_host`` writes the
-manifest there with ``localkb install``'s own code (``install.install(["firefox"], home=...)``).
+on Linux, so each browser gets its own temporary ``HOME``, where the tests run the real
+``localkb install --browser firefox``.
 
 Extension pages are opened in ordinary tabs at a fixed ``moz-extension://`` origin (the pref
 ``extensions.webextensions.uuids`` pins the internal UUID), and the background page's entry
@@ -82,17 +82,6 @@ def build_firefox_extension(dest: Path, *, host_permissions: list[str] | None = 
     (dest / "test-blank.html").write_text("<!doctype html><meta charset=\"utf-8\"><title>test</title>\n",
                                           encoding="utf-8")
     return dest
-
-
-def register_host(home: Path, launcher: Path) -> Path:
-    """Register the host for Firefox under ``home`` exactly as ``localkb install --browser firefox`` does."""
-    from localkb.native import install
-
-    manifest = install.host_manifest("firefox", launcher)
-    target = install.manifest_path("firefox", home=home, platform="linux")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(manifest, indent=2), encoding="utf-8")
-    return target
 
 
 # ---------------------------------------------------------------- a websocket, RFC 6455 client side

@@ -3,8 +3,8 @@
 Set-up (see ``firefox_helpers``): the Firefox build that ``make firefox`` writes (the one
 source tree, with the manifest ``tools/firefox_manifest.py`` derives) installed as a
 temporary add-on over WebDriver BiDi; the host registered where Firefox looks for it,
-``$HOME/.mozilla/native-messaging-hosts/``, by ``localkb install``'s own code, with ``HOME`` a
-temporary directory; pages served on 127.0.0.1.
+``$HOME/.mozilla/native-messaging-hosts/``, by running ``localkb install --browser firefox``
+(and ``--check``) with ``HOME`` a temporary directory; pages served on 127.0.0.1.
 
 As in ``test_browser.py`` the test build adds ``host_permissions`` for ``http://127.0.0.1/*``:
 a scripted save has no user gesture, so it stands in for the user allowing the site. The
@@ -17,16 +17,19 @@ Every model is ``tests/fakellm.FakeLLM`` on loopback, which records what it rece
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from browser_helpers import PageServer, catalog_rows, write_launcher
+from browser_helpers import PageServer, catalog_rows
 from conftest import make_pdf
 from fakellm import FakeLLM
-from firefox_helpers import FirefoxExtension, build_firefox_extension, firefox_path, register_host
+from firefox_helpers import FirefoxExtension, build_firefox_extension, firefox_path
 
 pytestmark = pytest.mark.browser
 
@@ -149,9 +152,16 @@ def extension(tmp_module: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def user_home(tmp_module: Path, home: Path) -> Path:
-    """Firefox's HOME, with the host registered in it (before launch, as after `localkb install`)."""
+    """Firefox's HOME, with the host registered in it by the real `localkb install --browser firefox`."""
     user = tmp_module / "home"
-    register_host(user, write_launcher(tmp_module / "localkb-host", home))
+    user.mkdir()
+    env = {**os.environ, "HOME": str(user), "LOCALKB_HOME": str(home)}
+    cli = [sys.executable, "-m", "localkb", "install", "--browser", "firefox"]
+    done = subprocess.run(cli, env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    # `localkb install --check` (its words are tested in test_install.py) finds the host answering.
+    checked = subprocess.run([*cli, "--check"], env=env, capture_output=True, text=True, check=False)
+    assert checked.returncode == 0 and "ok, the host answers" in checked.stdout, checked
     return user
 
 
