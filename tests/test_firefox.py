@@ -435,6 +435,32 @@ def test_a_page_and_a_pdf_behind_a_sign_in_are_saved_as_the_signed_in_user_sees_
     assert "Sign in first" not in texts
 
 
+def test_a_selection_is_saved_as_its_own_source_that_links_back_to_the_words(ff, saved, kbs, home, pages):
+    tab = ff.background("async (url) => (await chrome.tabs.query({})).find((t) => t.url === url)",
+                        pages.url("/flux.html"))
+    words = "ERR_1200 means the time circuits lost their destination date"
+    job = _menu_click(ff, {"menuItemId": f"save-selection@{kbs['docs']['id']}", "selectionText": words}, tab)
+    assert job["state"] == "done" and job["capturedBy"] == "context-menu", job
+    rows = catalog_rows(home, "SELECT url, title FROM sources WHERE kb_id = ? AND url LIKE ?",
+                        (kbs["docs"]["id"], pages.url("/flux.html") + "#:~:text=%"))
+    assert [r["title"] for r in rows] == ["Flux capacitor error codes (selection)"], rows
+    page = catalog_rows(home, "SELECT title FROM sources WHERE kb_id = ? AND url = ?",
+                        (kbs["docs"]["id"], pages.url("/flux.html")))
+    assert [r["title"] for r in page] == ["Flux capacitor error codes"]  # the page is kept beside it
+
+
+def test_a_page_without_access_is_reported_as_no_access(ff, pages, kbs, home):
+    # localhost is the same server, but the test grant covers 127.0.0.1 only: no grant, no read.
+    url = pages.url("/flux.html").replace("127.0.0.1", "localhost") + "?unlisted"
+    ff.open(url, width=900, height=700)
+    tab = ff.background("async () => (await chrome.tabs.query({})).sort((a, b) => b.id - a.id)[0]")
+    job = _menu_click(ff, {"menuItemId": f"save-page@{kbs['docs']['id']}", "pageUrl": url}, tab)
+    assert job["state"] == "failed" and job["error"]["code"] == "no_access", job
+    assert job["error"]["detail"]["origins"] == ["http://localhost/*"], job  # this site only
+    assert _badge(ff, tab["id"]) == "!"
+    assert catalog_rows(home, "SELECT id FROM sources WHERE url LIKE 'http://localhost%'") == []
+
+
 def test_saving_the_same_page_again_reports_unchanged(ff, saved, kbs):
     job = _menu_click(ff, {"menuItemId": f"save-page@{kbs['docs']['id']}"}, saved["flux_tab"])
     assert job["state"] == "done" and job["text"] == "unchanged", job
