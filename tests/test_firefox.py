@@ -377,6 +377,28 @@ def test_the_context_menus_are_built_at_install(ff):
     assert ff.background_tab.wait_for(probe, timeout=30) is True
 
 
+def test_a_long_save_progress_note_is_one_firefox_can_show(ff):
+    # Chromium's progress note has a bar and a Cancel button; platform.js turns it into a plain
+    # note that Firefox accepts, since a refused note would lose the save's progress.
+    shown = ff.background("""async () => {
+        const { notificationOptions } = await import('./platform.js');
+        const options = notificationOptions({type: 'progress', iconUrl: 'icons/icon-128.png',
+            title: 'Saving to Docs', message: 'A long page', progress: 40, buttons: [{title: 'Cancel'}],
+            silent: true});
+        const id = await chrome.notifications.create('job:probe', options);
+        let refused = null;
+        try {
+            await chrome.notifications.create('job:raw', {type: 'progress', iconUrl: 'icons/icon-128.png',
+                title: 'raw', message: 'raw', progress: 40, buttons: [{title: 'Cancel'}]});
+        } catch (err) { refused = err.message; }
+        return {options, id, refused};
+    }""")
+    assert shown["id"] == "job:probe"
+    assert shown["options"]["type"] == "basic" and shown["options"]["message"] == "A long page (40%)"
+    assert "buttons" not in shown["options"]
+    assert "buttons" in shown["refused"], shown  # Chromium's own options are refused outright
+
+
 # ---------------------------------------------------------------- 2. saving
 
 
@@ -561,8 +583,17 @@ def test_model_answer_streams_with_steps_citations_and_test_this_search(ff, save
     assert above >= 1
     assert panel.text("#search-test .cutoff-label") == "cut-off 0.35"
     panel.screenshot(ARTIFACTS / "firefox-test-search-400-light.png")
+    panel.click("#search-test [data-close]")
     assert len(fake_llm.requests) > before
     assert "PINEAPPLE-4471" not in json.dumps([r for r in fake_llm.requests[before:] if r.get("stream")])
+    # Private found only weaker matches, which the model was not given; its line offers them,
+    # and the answer is asked again in place with them (an on-device model may read them).
+    asked = len(fake_llm.requests)
+    panel.click(_button("Use weaker matches from Private"))
+    panel.wait_for("() => [...document.querySelectorAll('.turn-assistant .notes')]"
+                   ".some((n) => n.innerText.includes('weaker matches'))")
+    assert panel.eval("() => document.querySelectorAll('.turn-assistant').length") == 1
+    assert "PINEAPPLE-4471" in json.dumps(fake_llm.requests[asked:])
     panel.close()
 
 
