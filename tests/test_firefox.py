@@ -27,6 +27,17 @@ from pathlib import Path
 import pytest
 
 from browser_helpers import PageServer, catalog_rows
+from browser_pages import (
+    ERR_CODE,
+    FLUX_HTML,
+    GARAGE_HTML,
+    PDF_PAGES,
+    QUESTION,
+    SECRET_HTML,
+    TOOLBAR_HTML,
+    flux_reply,
+)
+from browser_pages import added as _added
 from conftest import make_pdf
 from fakellm import FakeLLM
 from firefox_helpers import FirefoxExtension, build_firefox_extension, firefox_path
@@ -42,62 +53,16 @@ if firefox_path() is None:
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts"
-ERR_CODE = "ERR_7731"
-QUESTION = f"What does {ERR_CODE} mean?"
 SIGN_IN = "localkb_session=signed-in"
-FLUX_HTML = f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>Flux capacitor error codes</title></head>
-<body><main><article>
-<h1>Flux capacitor error codes</h1>
-<p>This page lists the error codes the time circuits report and what each of them means for
-the driver. Read it before calling the workshop.</p>
-<h2>{ERR_CODE}</h2>
-<p>{ERR_CODE} means the flux capacitor overheated. Let it cool for ten minutes with the ignition
-off, then check that the coolant line to the capacitor housing is not kinked.</p>
-<h2>ERR_1200</h2>
-<p>ERR_1200 means the time circuits lost their destination date. Enter the date again on the
-keypad and confirm it twice.</p>
-<p>Related: <a href="/manual.pdf">the workshop manual (PDF)</a>.</p>
-</article></main></body></html>
-"""
-PDF_PAGES = [
-    "Workshop manual, page one. General safety: disconnect the plutonium chamber before any "
-    "repair work on the vehicle.",
-    "Page two. The turbo encabulator code ZQ-5512 means the prefamulated amulite has worn out; "
-    "replace the amulite and reset the panametric fan.",
-]
 MEMBERS_PDF_PAGES = [
     "Members' circular, page one. The clubhouse door code changes every month.",
     "Page two. This month the lockers in the west wing are closed for painting until the 20th.",
 ]
-SECRET = "The vault combination word is PINEAPPLE-4471 and must never leave this device."
-SECRET_HTML = f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>Private notes about the capacitor</title></head>
-<body><main><article><h1>Private notes about the flux capacitor</h1>
-<p>My own notes on the flux capacitor overheating: {ERR_CODE} happened twice last winter.
-{SECRET}</p>
-<p>The flux capacitor overheated because the garage was too warm; I moved the car.</p>
-</article></main></body></html>
-"""
 MEMBERS_HTML = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Members' workshop schedule</title></head>
 <body><main><article><h1>Members' workshop schedule</h1>
 <p>Signed-in members may book the lathe on Tuesday evenings; the welding bay opens to members
 on Thursday mornings after the safety briefing in the clubhouse.</p>
-</article></main></body></html>
-"""
-GARAGE_HTML = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>Garage opening hours</title></head>
-<body><main><article><h1>Garage opening hours</h1>
-<p>The garage on Hill Valley Road opens at seven in the morning on weekdays and closes at six in
-the evening. On Saturdays it opens at nine and closes at one; it stays closed on Sundays.</p>
-</article></main></body></html>
-"""
-TOOLBAR_HTML = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>Hoverboard charging guide</title></head>
-<body><main><article><h1>Hoverboard charging guide</h1>
-<p>Charge the hoverboard for three hours before its first ride, and never leave it charging
-overnight near water. A blinking green light means the battery is balancing its cells.</p>
 </article></main></body></html>
 """
 FILLER = "".join(f"<h2>Chapter {i}</h2><p>{'Unrelated workshop history and anecdotes. ' * 30}</p>"
@@ -191,17 +156,6 @@ def _badge(ff: FirefoxExtension, tab_id: int) -> str:
     return ff.background("(tabId) => chrome.action.getBadgeText({tabId})", tab_id)
 
 
-def _added(n: int) -> str:
-    return f"{n} passage{'' if n == 1 else 's'} added"
-
-
-def _passage_number(prompt: str, needle: str) -> int | None:
-    for m in re.finditer(r"<<<BEGIN PASSAGE (\d+) (\w+)>>>(.*?)<<<END PASSAGE \1 \2>>>", prompt, re.S):
-        if needle in m.group(3):
-            return int(m.group(1))
-    return None
-
-
 @pytest.fixture(scope="module")
 def kbs(ff: FirefoxExtension) -> dict:
     """Docs may reach cloud models, Private stays on the device."""
@@ -226,15 +180,7 @@ def saved(ff: FirefoxExtension, pages: PageServer, kbs: dict) -> dict:
 @pytest.fixture(scope="module")
 def fake_llm() -> Iterator[FakeLLM]:
     """Answers with the number of the passage that explains ERR_7731, slowly enough to see it stream."""
-
-    def reply(request: dict) -> str:
-        prompt = "\n".join(str(m.get("content", "")) for m in request.get("messages", []))
-        n = _passage_number(prompt, f"{ERR_CODE} means the flux capacitor overheated")
-        if n is None:
-            return "I don't know from these documents."
-        return f"{ERR_CODE} means the flux capacitor overheated; let it cool for ten minutes [{n}]."
-
-    with FakeLLM(mode="slow", delay=0.08, reply_fn=reply) as llm:
+    with FakeLLM(mode="slow", delay=0.08, reply_fn=flux_reply) as llm:
         yield llm
 
 
@@ -542,10 +488,16 @@ def test_extractive_answer_cites_the_passage_and_the_citation_opens_the_page_at_
     landing.close()
 
 
-def test_model_answer_streams_with_steps_citations_and_test_this_search(ff, saved, fake_llm, endpoints):
+def _panel_answering_with(ff: FirefoxExtension, endpoint: str, where: str):
+    """A panel set to answer with ``endpoint``, whose header says where it runs."""
     panel = _open_panel(ff)
-    panel.select("#endpoint", "local")
-    assert panel.text("#model-where") == "on device"
+    panel.select("#endpoint", endpoint)
+    assert panel.text("#model-where") == where
+    return panel
+
+
+def test_model_answer_streams_with_steps_citations_and_test_this_search(ff, saved, fake_llm, endpoints):
+    panel = _panel_answering_with(ff, "local", "on device")
     before = len(fake_llm.requests)
     panel.eval("""() => {
         window.streamed = [];
@@ -598,9 +550,7 @@ def test_model_answer_streams_with_steps_citations_and_test_this_search(ff, save
 
 
 def test_device_only_kb_is_skipped_for_a_cloud_model_and_never_sent(ff, saved, fake_llm, endpoints):
-    panel = _open_panel(ff)
-    panel.select("#endpoint", "cloudy")
-    assert panel.text("#model-where") == "cloud"
+    panel = _panel_answering_with(ff, "cloudy", "cloud")
     before = len(fake_llm.requests)
     _ask(panel, QUESTION)
     _answer_done(panel)
