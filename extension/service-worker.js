@@ -171,10 +171,8 @@ const ASK_KINDS = /** @type {const} */ ([
  * @param {chrome.tabs.Tab | undefined} tab
  */
 function askInPanel(kind, info, tab) {
-  // sidePanel.open must be called while the click's user gesture lasts: first thing.
-  const opening = tab?.windowId !== undefined
-    ? chrome.sidePanel.open({ windowId: tab.windowId }).catch(() => {})
-    : Promise.resolve();
+  // The panel must be opened while the click's user gesture lasts: first thing.
+  const opening = openPanel(tab?.windowId);
   const panelRequest = {
     kind, selection: info.selectionText ?? "", tabId: tab?.id, url: info.pageUrl ?? tab?.url,
     title: tab?.title, at: Date.now(),
