@@ -25,6 +25,7 @@ page holds it.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -37,13 +38,13 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-#: The battery: each set and its page sample (None: the make.py's default).
+#: The battery: each set and its fixed page sample (by a hash of the pages' paths).
 SETS = {
-    "rustdoc": None,   # rustdoc, Rust 1.63 std, rust-doc
-    "scipy": None,     # Sphinx + numpydoc, SciPy 1.10, python-scipy-doc
-    "pandas": None,    # Sphinx + numpydoc, pandas 1.5, python-pandas-doc
-    "gitdocs": None,   # AsciiDoc man pages, Git 2.39, git-doc
-    "sqlite": None,    # hand-written HTML, SQLite 3.40, sqlite3-doc
+    "rustdoc": 400,    # rustdoc, Rust 1.63 std, rust-doc
+    "scipy": 300,      # Sphinx + numpydoc, SciPy 1.10, python-scipy-doc
+    "pandas": 300,     # Sphinx + numpydoc, pandas 1.5, python-pandas-doc
+    "gitdocs": 120,    # AsciiDoc man pages, Git 2.39, git-doc
+    "sqlite": 150,     # hand-written HTML, SQLite 3.40, sqlite3-doc
     "pydocs": 60,      # Sphinx, Python 3.11 library reference, python3.11-doc
     "pgdocs": 200,     # DocBook, PostgreSQL 15 manual, postgresql-doc-15
 }
@@ -51,18 +52,28 @@ MODES = ("vector", "keyword", "hybrid")
 
 
 def make(name: str, out: Path, pages: int | None, *, again: bool = False) -> None:
-    """Build one set with its own make.py (its kept index dropped), unless the cache holds it as asked."""
+    """Build one set with its own make.py (its kept index dropped), unless the cache holds it as asked.
+
+    The stamp is the command and a hash of the builder's code: a changed rule rebuilds the set.
+    """
     args = [sys.executable, str(HERE / name / "make.py"), str(out)]
     if pages is not None:
         args += ["--pages", str(pages)]
-    stamp = out / ".made"
-    if not again and stamp.exists() and stamp.read_text() == " ".join(args[2:]) \
+    code = hashlib.sha1()
+    for f in sorted([*(HERE / name).glob("*.py"), *HERE.glob("*.py")]):
+        code.update(f.read_bytes())
+    stamp = " ".join(args[2:]) + " " + code.hexdigest()
+    if not again and (out / ".made").exists() and (out / ".made").read_text() == stamp \
             and (out / "corpus.jsonl").exists():
         return
     shutil.rmtree(out, ignore_errors=True)
-    shutil.rmtree(out.with_name(out.name + ".index"), ignore_errors=True)
+    shutil.rmtree(_index(out), ignore_errors=True)
     subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
-    stamp.write_text(" ".join(args[2:]))
+    (out / ".made").write_text(stamp)
+
+
+def _index(set_dir: Path) -> Path:
+    return set_dir.with_name(set_dir.name + ".index")
 
 
 def _last_part(text: str) -> str:
@@ -114,9 +125,15 @@ def score(name: str, set_dir: Path, split: str) -> dict:
     """``localkb eval SET --baseline bm25 --index-dir SET.index --split SPLIT``, with per-query nDCG@10."""
     from localkb.retrieval.evaluate import run_eval
 
-    index_dir = set_dir.with_name(set_dir.name + ".index")
+    index_dir = _index(set_dir)
+    if index_dir.exists() and not (index_dir / ".complete").exists():
+        shutil.rmtree(index_dir)  # a build that did not finish: never scored as if it had
     res = run_eval(set_dir, modes=MODES, baseline="bm25", split=split, index_dir=index_dir,
                    per_query=True)
+    if res["failed_documents"]:
+        raise SystemExit(f"{name}: {len(res['failed_documents'])} pages could not be indexed: "
+                         + ", ".join(res["failed_documents"][:5]))
+    (index_dir / ".complete").touch()
     res["name_recall"] = name_recall(set_dir, index_dir)
     res["set"] = name
     return res
@@ -183,7 +200,7 @@ def main() -> None:
         set_dir = args.cache / name
         make(name, set_dir, SETS[name], again=args.rebuild)
         if args.reindex:
-            shutil.rmtree(set_dir.with_name(name + ".index"), ignore_errors=True)
+            shutil.rmtree(_index(set_dir), ignore_errors=True)
         print(f"{name}: scoring ({args.split})", file=sys.stderr, flush=True)
         results.append(score(name, set_dir, args.split))
     pool = pooled(results)

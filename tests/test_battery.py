@@ -101,3 +101,29 @@ def test_sqlite_set_is_judged_by_the_keyword_index_and_checks_its_absent_names(t
     assert "timediff()" not in absent and "concat_ws()" in absent
     assert sorted(corpus) == ["atomiccommit.html", "c3ref/prepare.html", "pragma.html"]
     assert got["queries"] == 3
+
+
+def test_the_battery_pools_every_query_and_pairs_hybrid_with_whole_page_bm25():
+    """evals/battery.py's pooled row: each query once, hybrid - BM25 query by query, in the table."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("battery", REPO / "evals" / "battery.py")
+    battery = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(battery)
+
+    def result(name, bm25, hybrid):
+        modes = {m: {"overall": {"ndcg@10": sum(v) / len(v)}, "by_kind": {"identifier": {"recall@1": 1.0}},
+                     "absent_reported": 0} for m, v in (("bm25", bm25), ("vector", bm25), ("keyword", bm25),
+                                                        ("hybrid", hybrid))}
+        return {"set": name, "documents": 3, "passages": 9, "queries": len(bm25), "absent_queries": 2,
+                "modes": modes, "name_recall": (4, 5),
+                "compare": {f"hybrid - {m}": {"ndcg@10": 0.0, "ci95": [0.0, 0.0]}
+                            for m in ("bm25", "vector", "keyword")},
+                "per_query_ndcg": {"bm25": bm25, "vector": bm25, "keyword": bm25, "hybrid": hybrid}}
+
+    results = [result("a", [1.0, 0.0], [1.0, 1.0]), result("b", [0.5, 0.5, 0.5], [0.5, 0.5, 0.0])]
+    pool = battery.pooled(results)
+    assert pool["queries"] == 5 and pool["better"] == 1 and pool["worse"] == 1
+    assert pool["hybrid - bm25"] == round((1.0 - 0.5) / 5, 4)
+    text = battery.table(results, pool)
+    assert "pooled" in text and "+0.100" in text and "0.800 (4/5)" in text

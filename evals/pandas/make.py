@@ -30,7 +30,7 @@ import numpydoc
 from beirset import cli
 
 DOCS = Path("/usr/share/doc/python-pandas-doc/html")
-PAGES = 100
+PAGES = 300
 IDENTIFIERS = 300
 CONCEPTS = 150
 
