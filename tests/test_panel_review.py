@@ -100,6 +100,15 @@ def _panel(browser, endpoint: str, kbs: set[str], width: int = 400, height: int 
     return panel
 
 
+def _answered(browser, endpoint: str, question: str, width: int = 400, height: int = 800):
+    """A panel that asked ``question`` of Pool with ``endpoint``, and its finished answer."""
+    panel = _panel(browser, endpoint, {"Pool"}, width=width, height=height)
+    _ask(panel, question)
+    answer = _last_answer(panel)
+    answer.locator(".answer-meta").wait_for()
+    return panel, answer
+
+
 def _shots(panel, name: str) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     for scheme in ("light", "dark"):
@@ -113,10 +122,7 @@ def _shots(panel, name: str) -> None:
 
 # -- 7: a citation's link is built from the text as the page renders it ----------------------------
 def test_a_citation_of_a_passage_with_inline_code_opens_the_page_at_the_passage(browser, models):
-    panel = _panel(browser, "__none__", {"Pool"})
-    _ask(panel, "What should retry_limit be when pool_timeout is short?")
-    answer = _last_answer(panel)
-    answer.locator(".answer-meta").wait_for()
+    panel, answer = _answered(browser, "__none__", "What should retry_limit be when pool_timeout is short?")
     target = None
     for cite in answer.locator(".answer a.cite").all():
         cite.click()
@@ -141,10 +147,7 @@ def test_a_citation_of_a_passage_with_inline_code_opens_the_page_at_the_passage(
 
 # -- 13: a table in an answer scrolls sideways; its code and headers keep their words -----------------
 def test_an_answer_table_scrolls_instead_of_breaking_code_and_headers_mid_word(browser, models):
-    panel = _panel(browser, "table", {"Pool"}, width=320)
-    _ask(panel, "Which timeouts are there?")
-    answer = _last_answer(panel)
-    answer.locator(".answer-meta").wait_for()
+    panel, _ = _answered(browser, "table", "Which timeouts are there?", width=320)
     broken = panel.evaluate("""() => {
         const cells = [...document.querySelectorAll(
             '.turn-assistant .answer table code, .turn-assistant .answer table th')];
@@ -336,10 +339,7 @@ def test_a_save_shows_its_stage_with_a_bar_and_its_outcome_in_full_at_320px(brow
 
 # -- 14: "Test this search" reads top-down and shows passages as the page reads -----------------------
 def test_test_this_search_rows_run_by_similarity_and_show_no_markdown(browser, models):
-    panel = _panel(browser, "__none__", {"Pool"}, width=400)
-    _ask(panel, "What should retry_limit be when pool_timeout is short?")
-    answer = _last_answer(panel)
-    answer.locator(".answer-meta").wait_for()
+    panel, answer = _answered(browser, "__none__", "What should retry_limit be when pool_timeout is short?")
     answer.locator("details.diag summary").click()
     answer.get_by_role("button", name="Test this search in Pool").click()
     panel.locator("#search-test .bar-row").first.wait_for()
