@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import make_pdf, run_cli
+from conftest import count_embedded, make_pdf, run_cli
 from localkb.doctor import doctor
 from localkb.errors import EmbeddingUnavailable, NothingWritten
 from localkb.ingest.extract import extract_text
@@ -87,14 +87,7 @@ def test_changed_paragraph_reembeds_only_that_passage(kb, monkeypatch):
     key = "https://example.test/edit"
     text = long_text(10)
     first = add_document(kb, extract_text(text, title="T", url=key), key=key)
-    calls: list[int] = []
-    real = kb.embedder.embed
-
-    def counting(texts, progress=None, **kw):
-        calls.append(len(texts))
-        return real(texts, progress, **kw)
-
-    monkeypatch.setattr(kb.embedder, "embed", counting)
+    calls = count_embedded(kb, monkeypatch)
     edited = text.replace("Paragraph 9 ends here.", "Paragraph 9 now says something new.")
     rep = add_document(kb, extract_text(edited, title="T", url=key), key=key)
     assert rep.status == "updated"
@@ -250,6 +243,22 @@ def test_capture_from_the_extension_records_who_captured_it(kb):
     assert row["captured_by"] == "context-menu"
     assert row["key"] == "https://intranet.test/support"
     assert "ERR_4521" in row["text"] and "\\_" not in row["text"]
+
+
+def test_a_saved_selection_is_its_own_source_and_never_replaces_the_saved_page(kb):
+    # The extension addresses a selection by a text fragment of its page (capture.js
+    # selectionPayload); an ordinary fragment (#top) still names the page itself.
+    html = ("<html><head><title>Codes</title></head><body><article><h1>Codes</h1>"
+            "<p>ERR_4521 means the disk is full; free space and retry.</p>"
+            "<p>ERR_4512 means the network is unreachable.</p></article></body></html>")
+    add_capture(kb, url="https://intranet.test/codes", title="Codes", html=html)
+    picked = add_capture(kb, url="https://intranet.test/codes#:~:text=ERR_4512%20means",
+                         title="Codes (selection)", text="ERR_4512 means the network is unreachable.")
+    assert picked.status == "added"
+    keys = sorted(r["key"] for r in kb.catalog.db.execute("SELECT key FROM sources"))
+    assert keys == ["https://intranet.test/codes", "https://intranet.test/codes#:~:text=ERR_4512%20means"]
+    again = add_capture(kb, url="https://intranet.test/codes#top", title="Codes", html=html)
+    assert again.status == "unchanged"
 
 
 def test_remove_source_deletes_its_chunks_everywhere(kb):

@@ -55,6 +55,7 @@ from localkb.errors import (
     AmbiguousReference,
     Cancelled,
     EmbeddingUnavailable,
+    EmptyDocument,
     FetchFailed,
     InvalidDocument,
     InvalidInput,
@@ -64,6 +65,7 @@ from localkb.errors import (
     SourceTooLarge,
 )
 from localkb.ingest.chunk import Chunk, iter_chunks, passage_text
+from localkb.ingest.documents import DOCUMENT_TYPES
 from localkb.ingest.extract import (
     TEXT_SEGMENT_CHARS,
     Document,
@@ -83,11 +85,13 @@ from localkb.ingest.progress import JobProgress
 from localkb.store.base import ChunkWrite, FileFingerprint, SourceWrite, StagedPassage
 from localkb.store.base import KnowledgeBaseHandle as KnowledgeBase
 from localkb.store.catalog import chunk_id
+from localkb.strings import plural
 
 CHUNKER_VERSION = "1"
 CAPTURED_BY = ("cli", "folder", "url", "context-menu", "side-panel", "toolbar", "import", "chat",
                "api", "sync")
-FETCH_TYPES = ("text/html", "application/xhtml+xml", "text/plain", "text/markdown", "application/pdf")
+FETCH_TYPES = ("text/html", "application/xhtml+xml", "text/plain", "text/markdown", "application/pdf",
+               *DOCUMENT_TYPES)
 __all__ = ["DEFAULT_EXCLUDES", "add_capture", "add_document", "add_paths", "ingest_documents",
            "list_sources", "remove_source"]
 
@@ -212,15 +216,18 @@ class IngestReport:
     def summary(self) -> str:
         """The final line: counts of sources by outcome, passages, time and rate."""
         t = self.totals()
-        by = t["by_status"]
         seen = t["files_seen"]
-        parts = [f"{by[st]} {st}" for st in SOURCE_STATUSES if by[st]]
+        parts = self.outcomes(t["by_status"])
         if self.pending:
             parts.append(f"{len(self.pending)} not reached")
         line = f"{plural(seen, 'source')}: " + (" · ".join(parts) or "nothing to do")
         rate = f", {self.tokens / self.elapsed_s:,.0f} tokens/s" if self.tokens and self.elapsed_s else ""
         line += (f" — {plural(self.passages, 'passage')} embedded in {clock(self.elapsed_s)}{rate}")
         return line
+
+    def outcomes(self, by: dict[str, int]) -> list[str]:
+        """The summary's counts of sources by outcome (``3 added``, ``1 skipped``)."""
+        return [f"{by[st]} {st}" for st in SOURCE_STATUSES if by[st]]
 
     @property
     def kept_line(self) -> str | None:
@@ -235,10 +242,6 @@ class IngestReport:
             line += (f"; {plural(len(self.staged), 'big source')} staged with {plural(n, 'passage')} "
                      "(the next run continues from there)")
         return line + "; run the same command to finish"
-
-
-def plural(n: int, word: str, many: str | None = None) -> str:
-    return f"{n:,} {word if n == 1 else (many or word + 's')}"
 
 
 def clock(seconds: float) -> str:
@@ -538,7 +541,10 @@ class _Job:
                 item.counted += step
                 self.progress.chunked(step, 0, 0)
 
-            doc, unit = open_file(path, on_read=on_read)
+            try:
+                doc, unit = open_file(path, on_read=on_read)
+            except EmptyDocument:  # blank: empty, as a 0-byte file is
+                return self.skipped_report(item, "empty")
             if unit == "pages" and doc.page_count:
                 per_unit["f"] = st.st_size / doc.page_count
             elif unit == "bytes":
@@ -1126,8 +1132,9 @@ def settle_status(rep: SourceReport, *, new: bool) -> None:
         rep.status = "failed"
         reasons = sorted({f["reason"] for f in rep.failures})
         rep.error = {"code": NothingWritten.code,
-                     "message": f"none of its {rep.total} passages could be saved "
-                                f"({'; '.join(reasons)[:400]})"}
+                     "message": ("its passage could not be saved" if rep.total == 1 else
+                                 f"none of its {rep.total:,} passages could be saved")
+                                + f" ({'; '.join(reasons)[:400]})"}
         rep.removed = 0  # nothing of it was written, so nothing was removed either
     elif rep.failed:
         rep.status = "partial"
@@ -1252,7 +1259,7 @@ def fetch_url(url: str, *, max_bytes: int, timeout: float) -> tuple[bytes, str, 
                 raise FetchFailed(f"{url}: the server answered HTTP {resp.status_code}")
             ctype = resp.headers.get("content-type", "").split(";")[0].strip().lower()
             if ctype and ctype not in FETCH_TYPES:
-                raise FetchFailed(f"{url}: content type {ctype} is not a page, text or PDF")
+                raise FetchFailed(f"{url}: content type {ctype} is not a type LocalKB reads")
             declared = int(resp.headers.get("content-length") or 0)
             if declared > max_bytes:
                 raise FetchFailed(f"{url}: {declared:,} bytes is over the {max_bytes:,}-byte cap")
@@ -1333,8 +1340,13 @@ def _url_job(url: str, settings) -> Callable[[], tuple[Document, str]]:
 
 
 def canonical_key(url: str) -> str:
-    """Source key of a web page: its URL without the fragment."""
-    return url.split("#", 1)[0]
+    """Source key of a web page: its URL without the fragment.
+
+    A text fragment (``#:~:text=``) stays: the extension saves a selection under its page's
+    URL with one, and a selection is its own source, never a new version of its page.
+    """
+    base, _, fragment = url.partition("#")
+    return url if fragment.startswith(":~:") else base
 
 
 def trusted_canonical(page_url: str | None, canonical: str | None) -> str | None:
@@ -1360,16 +1372,23 @@ def trusted_canonical(page_url: str | None, canonical: str | None) -> str | None
 
 def capture_document(kb, *, url: str | None, title: str | None = None, html: str | None = None,
                      text: str | None = None, pdf: bytes | None = None, canonical_url: str | None = None,
-                     lang: str | None = None, progress: Progress | None = None) -> tuple[Document, str]:
-    """The document and source key of a page handed over as rendered HTML, plain text or PDF bytes.
+                     lang: str | None = None, progress: Progress | None = None,
+                     file: bytes | None = None, file_name: str | None = None) -> tuple[Document, str]:
+    """The document and source key of a page handed over as rendered HTML, plain text, PDF bytes,
+    or a file's bytes with its name (any type ``localkb add`` reads, chosen by the name, then
+    by the bytes).
 
     Any store's knowledge base (``store.base``): the team store's writer uses it too.
     """
-    given = [x for x in (html, text, pdf) if x is not None]
+    given = [x for x in (html, text, pdf, file) if x is not None]
     if len(given) != 1:
-        raise InvalidInput("give exactly one of html, text or pdf")
+        raise InvalidInput("give exactly one of html, text, pdf or file")
+    if file is not None and not file_name:
+        raise InvalidInput("a file needs its file_name (its type is read from it)",
+                           detail={"field": "file_name"})
     cap = kb.store.settings.max_source_bytes
-    size = len(pdf) if pdf is not None else len((html if html is not None else text or "").encode())
+    raw = pdf if pdf is not None else file
+    size = len(raw) if raw is not None else len((html if html is not None else text or "").encode())
     if cap and size > cap:
         raise SourceTooLarge(too_large_reason(size, cap), detail={"bytes": size, "cap": cap})
     page_url = trusted_canonical(url, canonical_url) or url
@@ -1380,13 +1399,16 @@ def capture_document(kb, *, url: str | None, title: str | None = None, html: str
     if pdf is not None:
         doc = extract_bytes(pdf, name=page_url or "document.pdf", content_type="application/pdf",
                             url=page_url, title=title)
+    elif file is not None:
+        doc = extract_bytes(file, name=Path(file_name).name, url=page_url, title=title)
     elif html is not None:
         doc = extract_html(html, url=page_url, title=title)
     else:
         doc = extract_text(text or "", title=title, url=page_url)
     if lang and not doc.lang:
         doc.lang = lang
-    key = canonical_key(page_url) if page_url else "text:" + hashlib.sha256(doc.text.encode()).hexdigest()
+    key = canonical_key(page_url) if page_url else \
+        ("upload:" if file is not None else "text:") + hashlib.sha256(raw or doc.text.encode()).hexdigest()
     return doc, key
 
 
@@ -1394,10 +1416,11 @@ def add_capture(kb: KnowledgeBase, *, url: str | None, title: str | None = None,
                 html: str | None = None, text: str | None = None, pdf: bytes | None = None,
                 captured_by: str = "api", canonical_url: str | None = None, lang: str | None = None,
                 progress: Progress | None = None, check_cancelled: CancelCheck | None = None,
-                ) -> SourceReport:
-    """A page handed over by the extension (rendered HTML, plain text or PDF bytes)."""
+                file: bytes | None = None, file_name: str | None = None) -> SourceReport:
+    """A page handed over by the extension (rendered HTML, plain text, PDF or a file's bytes)."""
     doc, key = capture_document(kb, url=url, title=title, html=html, text=text, pdf=pdf,
-                                canonical_url=canonical_url, lang=lang, progress=progress)
+                                canonical_url=canonical_url, lang=lang, progress=progress,
+                                file=file, file_name=file_name)
     return add_document(kb, doc, key=key, captured_by=captured_by, progress=progress,
                         check_cancelled=check_cancelled)
 

@@ -167,11 +167,15 @@ def h_source_add(data: dict, ctx) -> dict:
     html = req_str(data, "html", required=False, max_len=MAX_TEXT)
     text = req_str(data, "text", required=False, max_len=MAX_TEXT)
     pdf = b64_bytes(data, "pdf_base64")
+    file = b64_bytes(data, "file_base64")
+    file_name = req_str(data, "file_name", required=False, max_len=1000)
     captured_by = req_str(data, "captured_by", required=False, max_len=40) or "api"
     kb = get_library().open_kb(req_str(data, "kb", max_len=200))
     if getattr(kb, "remote", False):  # a team knowledge base: its server extracts, embeds, writes
         return kb.add_capture(url=url, title=title, html=html, text=text, captured_by=captured_by,
                               pdf_base64=data.get("pdf_base64") if pdf is not None else None,
+                              file_base64=data.get("file_base64") if file is not None else None,
+                              file_name=file_name,
                               canonical_url=req_str(data, "canonical_url", required=False, max_len=8192),
                               lang=req_str(data, "lang", required=False, max_len=35),
                               access=req_str(data, "access", required=False, max_len=20))
@@ -180,7 +184,7 @@ def h_source_add(data: dict, ctx) -> dict:
         ctx.emit("progress", {k: v for k, v in ev.items() if k != "source"})
 
     report = add_capture(kb, url=url, title=title, html=html, text=text, pdf=pdf,
-                         captured_by=captured_by,
+                         file=file, file_name=file_name, captured_by=captured_by,
                          canonical_url=req_str(data, "canonical_url", required=False, max_len=8192),
                          lang=req_str(data, "lang", required=False, max_len=35),
                          progress=progress, check_cancelled=ctx.check_cancelled)
@@ -199,7 +203,7 @@ def h_kb_sync(data: dict, ctx) -> dict:
 
     kb = get_store().open_kb(req_str(data, "kb", max_len=200))
     report = sync_folder(kb, None, progress=lambda ev: ctx.emit("progress", ev),
-                         check_cancelled=ctx.check_cancelled)
+                         check_cancelled=ctx.check_cancelled, prune=req_bool(data, "prune"))
     out = {**report.to_dict(), "kb": kb.id, "kb_name": kb.record.name}
     if report.interrupted:
         raise Cancelled(report.kept_line or "cancelled",
