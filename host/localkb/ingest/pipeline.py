@@ -1360,16 +1360,23 @@ def trusted_canonical(page_url: str | None, canonical: str | None) -> str | None
 
 def capture_document(kb, *, url: str | None, title: str | None = None, html: str | None = None,
                      text: str | None = None, pdf: bytes | None = None, canonical_url: str | None = None,
-                     lang: str | None = None, progress: Progress | None = None) -> tuple[Document, str]:
-    """The document and source key of a page handed over as rendered HTML, plain text or PDF bytes.
+                     lang: str | None = None, progress: Progress | None = None,
+                     file: bytes | None = None, file_name: str | None = None) -> tuple[Document, str]:
+    """The document and source key of a page handed over as rendered HTML, plain text, PDF bytes,
+    or a file's bytes with its name (any type ``localkb add`` reads, chosen by the name, then
+    by the bytes).
 
     Any store's knowledge base (``store.base``): the team store's writer uses it too.
     """
-    given = [x for x in (html, text, pdf) if x is not None]
+    given = [x for x in (html, text, pdf, file) if x is not None]
     if len(given) != 1:
-        raise InvalidInput("give exactly one of html, text or pdf")
+        raise InvalidInput("give exactly one of html, text, pdf or file")
+    if file is not None and not file_name:
+        raise InvalidInput("a file needs its file_name (its type is read from it)",
+                           detail={"field": "file_name"})
     cap = kb.store.settings.max_source_bytes
-    size = len(pdf) if pdf is not None else len((html if html is not None else text or "").encode())
+    raw = pdf if pdf is not None else file
+    size = len(raw) if raw is not None else len((html if html is not None else text or "").encode())
     if cap and size > cap:
         raise SourceTooLarge(too_large_reason(size, cap), detail={"bytes": size, "cap": cap})
     page_url = trusted_canonical(url, canonical_url) or url
@@ -1380,13 +1387,16 @@ def capture_document(kb, *, url: str | None, title: str | None = None, html: str
     if pdf is not None:
         doc = extract_bytes(pdf, name=page_url or "document.pdf", content_type="application/pdf",
                             url=page_url, title=title)
+    elif file is not None:
+        doc = extract_bytes(file, name=Path(file_name).name, url=page_url, title=title)
     elif html is not None:
         doc = extract_html(html, url=page_url, title=title)
     else:
         doc = extract_text(text or "", title=title, url=page_url)
     if lang and not doc.lang:
         doc.lang = lang
-    key = canonical_key(page_url) if page_url else "text:" + hashlib.sha256(doc.text.encode()).hexdigest()
+    key = canonical_key(page_url) if page_url else \
+        ("upload:" if file is not None else "text:") + hashlib.sha256(raw or doc.text.encode()).hexdigest()
     return doc, key
 
 
@@ -1394,10 +1404,11 @@ def add_capture(kb: KnowledgeBase, *, url: str | None, title: str | None = None,
                 html: str | None = None, text: str | None = None, pdf: bytes | None = None,
                 captured_by: str = "api", canonical_url: str | None = None, lang: str | None = None,
                 progress: Progress | None = None, check_cancelled: CancelCheck | None = None,
-                ) -> SourceReport:
-    """A page handed over by the extension (rendered HTML, plain text or PDF bytes)."""
+                file: bytes | None = None, file_name: str | None = None) -> SourceReport:
+    """A page handed over by the extension (rendered HTML, plain text, PDF or a file's bytes)."""
     doc, key = capture_document(kb, url=url, title=title, html=html, text=text, pdf=pdf,
-                                canonical_url=canonical_url, lang=lang, progress=progress)
+                                canonical_url=canonical_url, lang=lang, progress=progress,
+                                file=file, file_name=file_name)
     return add_document(kb, doc, key=key, captured_by=captured_by, progress=progress,
                         check_cancelled=check_cancelled)
 
