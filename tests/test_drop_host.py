@@ -40,10 +40,12 @@ def _send_file(host: HostProcess, rid: int, kb: str, name: str, data: bytes, par
 def test_dropped_files_sent_in_parts_are_added_by_type_and_a_binary_one_refused(tmp_path):
     pdf = make_pdf(tmp_path / "boiler.pdf", ["The boiler pressure must stay below 2.5 bar.",
                                              "Bleed the radiators every autumn."]).read_bytes()
-    html = b"<html><head><title>Kettle care</title></head><body><p>Descale the kettle monthly.</p></body></html>"
+    html = (b"<html><head><title>Kettle care</title></head>"
+            b"<body><p>Descale the kettle monthly.</p></body></html>")
     md = b"# Bike notes\n\nPump the tyres to 4 bar before a long ride.\n"
     with HostProcess(HOST, home=tmp_path / "home") as host:
-        kb = _request(host, 1, "kb.create", {"name": "Drops", "privacy": "device"})["result"]["knowledge_base"]["id"]
+        created = _request(host, 1, "kb.create", {"name": "Drops", "privacy": "device"})
+        kb = created["result"]["knowledge_base"]["id"]
         results = {}
         for n, (name, data) in enumerate((("boiler.pdf", pdf), ("kettle.html", html), ("bike.md", md))):
             reply = _send_file(host, 1000 * (n + 1), kb, name, data, part=max(1, len(data) // 3))

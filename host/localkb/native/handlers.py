@@ -178,7 +178,7 @@ def h_source_add(data: dict, ctx) -> dict:
     if getattr(kb, "remote", False):  # a team knowledge base: its server extracts, embeds, writes
         return kb.add_capture(url=url, title=title, html=html, text=text, captured_by=captured_by,
                               pdf_base64=data.get("pdf_base64") if pdf is not None else None,
-                              file_base64=base64.b64encode(file).decode("ascii") if file is not None else None,
+                              file_base64=None if file is None else base64.b64encode(file).decode("ascii"),
                               file_name=file_name,
                               canonical_url=req_str(data, "canonical_url", required=False, max_len=8192),
                               lang=req_str(data, "lang", required=False, max_len=35),
