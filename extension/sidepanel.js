@@ -228,8 +228,10 @@ function renderModel() {
     where.className = `pill ${words.kind}`;
     where.title = `${model.name} runs ${words.kind === "device" ? "on this device" : words.text}, as the host decided from its address`;
   }
-  // No endpoint at all: the way to set one up is one click away (options.html#endpoints).
+  // No endpoint at all: the way to set one up is one click away (options.html#endpoints); the
+  // link takes the pill's place, which a narrow panel has no room for beside it.
   $("setup-model").hidden = Boolean(model) || state.endpoints.length > 0;
+  if (!$("setup-model").hidden) where.hidden = true;
   const embed = state.status?.model;
   if (embed && (embed.error || embed.loaded === false)) {
     name.title = `${name.title}\nEmbedding model: ${embed.error || "not loaded yet"}`;
