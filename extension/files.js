@@ -82,11 +82,12 @@ export function dropFile(key) {
  * An abort (or any failure) aborts the host's upload, so no part is left behind.
  * @param {{request: (type: string, data?: any, options?: any) => Promise<any>}} host
  * @param {DroppedFile} file
- * @param {{signal?: AbortSignal, onPart?: (done: number, total: number) => void}} [options]
+ * @param {{signal?: AbortSignal, onPart?: (done: number, total: number) => void, blob?: Blob}} [options]
+ *   `blob`: the bytes, when the caller has them (else they are read from IndexedDB)
  * @returns {Promise<{upload: string, file_name: string}>}
  */
 export async function uploadFile(host, file, options = {}) {
-  const blob = await getFile(file.key);
+  const blob = options.blob ?? (await getFile(file.key));
   if (!blob) throw new HostError("not_found", `${file.name} is no longer here to send; add it again.`);
   const { upload } = await host.request("upload", { action: "begin" });
   try {
