@@ -10,7 +10,7 @@ export const PRESETS = Object.freeze([
   { id: "ollama", label: "Ollama", name: "ollama", base_url: "http://127.0.0.1:11434/v1" },
   { id: "lmstudio", label: "LM Studio", name: "lm-studio", base_url: "http://127.0.0.1:1234/v1" },
   { id: "llamacpp", label: "llama.cpp server", name: "llama-cpp", base_url: "http://127.0.0.1:8080/v1" },
-  { id: "custom", label: "Custom URL (OpenAI-compatible)", name: "custom", base_url: "" },
+  { id: "custom", label: "Custom URL", name: "custom", base_url: "" },
 ]);
 
 /**

@@ -251,7 +251,7 @@ def _setup_from_panel(browser: ExtensionBrowser):
 def test_a_dead_endpoint_test_says_why_and_saves_nothing(browser, drops_kb):
     panel, options, row = _setup_from_panel(browser)
     _shots(panel, "panel-no-model")
-    row.locator('[name="preset"]').select_option(label="Custom URL (OpenAI-compatible)")
+    row.locator('[name="preset"]').select_option(label="Custom URL")
     row.locator('[name="base_url"]').fill(DEAD_URL)
     row.locator('[name="test"]').click()
     line = row.locator(".test-line")
@@ -268,10 +268,10 @@ def test_a_dead_endpoint_test_says_why_and_saves_nothing(browser, drops_kb):
 def test_a_preset_endpoint_tested_and_saved_answers_in_the_panel(browser, drops_kb, fake_llm):
     panel, options, row = _setup_from_panel(browser)
     presets = row.locator('[name="preset"] option').all_inner_texts()
-    assert presets == ["Ollama", "LM Studio", "llama.cpp server", "Custom URL (OpenAI-compatible)"]
+    assert presets == ["Ollama", "LM Studio", "llama.cpp server", "Custom URL"]
     row.locator('[name="preset"]').select_option(label="LM Studio")
     assert row.locator('[name="base_url"]').input_value() == "http://127.0.0.1:1234/v1"
-    row.locator('[name="preset"]').select_option(label="Custom URL (OpenAI-compatible)")
+    row.locator('[name="preset"]').select_option(label="Custom URL")
     assert row.locator('[name="base_url"]').input_value() == ""
     row.locator('[name="base_url"]').fill(fake_llm.base_url)
     row.locator('[name="test"]').click()
