@@ -8,6 +8,7 @@ cold start before the model or the indexes are touched.
 from __future__ import annotations
 
 import base64
+import contextlib
 import sys
 import threading
 from collections.abc import Callable
@@ -245,8 +246,14 @@ def h_search(data: dict, ctx) -> dict:
                                or not -1.0 <= cutoff <= 1.0):
         raise InvalidInput("'cutoff' must be a number from -1 to 1 (a cosine)",
                            detail={"field": "cutoff"})
-    res = Searcher(get_library()).search(
-        req_kbs(data), req_str(data, "query", max_len=4000), k=req_int(data, "k", 8, lo=1, hi=100),
+    store = get_library()
+    kbs = req_kbs(data)
+    if any(k.startswith("page_") for k in kbs):  # the open page ("Test this search in This page")
+        from localkb.store.pagekb import WithPages
+
+        store = WithPages(store, _page_shelf())
+    res = Searcher(store).search(
+        kbs, req_str(data, "query", max_len=4000), k=req_int(data, "k", 8, lo=1, hi=100),
         mode=req_str(data, "mode", required=False) or "hybrid", cutoff=cutoff,
         per_source=req_int(data, "per_source", 0, lo=0, hi=100) or None)
     out = res.to_dict()
@@ -357,8 +364,17 @@ def h_chat(data: dict, ctx) -> dict:
     from localkb.answer.llm import load_config
 
     store = get_library()
-    kbs = req_kbs(data)
+    page_id = req_str(data, "page", required=False, max_len=100)
+    # With the open page, the knowledge bases beside it are optional.
+    kbs = req_kbs(data) if page_id is None or data.get("kbs") or data.get("kb") else []
     message = req_str(data, "message", max_len=8000)
+    page = None
+    if page_id is not None:
+        from localkb.answer.pagechat import mark_progress, mark_result, page_view, summarize
+
+        page = _page_shelf().require(page_id)
+        store = page_view(store, _page_shelf(), page_id, to_cloud=req_bool(data, "page_to_cloud"))
+        kbs = [*kbs, page_id]
     history = parse_history(data.get("history"))
     name = req_str(data, "endpoint", required=False, max_len=100)
     extractive = req_bool(data, "extractive")
@@ -372,6 +388,10 @@ def h_chat(data: dict, ctx) -> dict:
     else:
         weaker_kbs = ()
         weaker = req_bool(data, "use_weaker_matches")
+    if page is not None and req_bool(data, "summarize"):
+        with page.in_use():
+            return summarize(store, page, endpoint, on_token=lambda t: ctx.emit("token", {"text": t}),
+                             cancel=ctx.cancelled).to_dict()
     # A stopped answer to continue is an assistant turn like any in the history.
     continued = parse_continuation(data)
     options = ChatOptions(k=req_int(data, "k", 8, lo=1, hi=50), use_weaker_matches=weaker,
@@ -413,13 +433,15 @@ def h_chat(data: dict, ctx) -> dict:
         return confirmations.wait(ctx.id, request["call_id"], ctx.cancelled, timeout=timeout)
 
     # "Regenerate" asks for a new answer: the cached one is neither read nor replaced.
-    result = run_turn(store, kbs, message, history=history, endpoint=endpoint, options=options,
-                      cache=None if req_bool(data, "regenerate") else cache,
-                      on_step=lambda s: ctx.emit("step", s),
-                      on_token=lambda t: ctx.emit("token", {"text": t}), confirm=confirm,
-                      cancel=ctx.cancelled,
-                      on_provenance=lambda kbs: ctx.emit("provenance", {"kbs": kbs}))
-    return result.to_dict()
+    # An open page's background embedding waits while the turn searches it (``in_use``).
+    with page.in_use() if page else contextlib.nullcontext():
+        result = run_turn(store, kbs, message, history=history, endpoint=endpoint, options=options,
+                          cache=None if req_bool(data, "regenerate") else cache,
+                          on_step=lambda s: ctx.emit("step", mark_progress(s, page) if page else s),
+                          on_token=lambda t: ctx.emit("token", {"text": t}), confirm=confirm,
+                          cancel=ctx.cancelled,
+                          on_provenance=lambda kbs: ctx.emit("provenance", {"kbs": kbs}))
+    return (mark_result(result, page) if page else result).to_dict()
 
 
 def h_chat_confirm(data: dict, ctx) -> dict:
@@ -433,6 +455,41 @@ def h_chat_confirm(data: dict, ctx) -> dict:
         raise InvalidInput("'approve' must be true or false", detail={"field": "approve"})
     _, confirmations = _chat_shared()
     return {"delivered": confirmations.answer(target, call_id, approve)}
+
+
+# -- the open page (chat with a page without saving it) -------------------------------
+_pages = None
+
+
+def _page_shelf():
+    """The pages this host process holds in memory (``store.pagekb``), created on first use."""
+    global _pages  # noqa: PLW0603 - one shelf per host process: pages live as long as it does
+    with _store_lock:
+        if _pages is None:
+            from localkb.store.pagekb import PageShelf
+
+            _pages = PageShelf()
+        return _pages
+
+
+def h_page_open(data: dict, ctx) -> dict:
+    """Hold the open tab in memory, never on disk: its first part searchable, the rest in the background."""
+    page = _page_shelf().open(
+        get_store(), url=req_str(data, "url", required=False, max_len=8192),
+        title=req_str(data, "title", required=False, max_len=2000, allow_empty=True),
+        html=req_str(data, "html", required=False, max_len=MAX_TEXT),
+        text=req_str(data, "text", required=False, max_len=MAX_TEXT), pdf=b64_bytes(data, "pdf_base64"))
+    return page.status()
+
+
+def h_page_status(data: dict, ctx) -> dict:
+    """How much of a held page is searchable (``page_not_held`` once the host let it go)."""
+    return _page_shelf().require(req_str(data, "page", max_len=100)).status()
+
+
+def h_page_close(data: dict, ctx) -> dict:
+    """Let a page go (the panel's close button); its passages leave memory."""
+    return {"closed": _page_shelf().close(req_str(data, "page", max_len=100))}
 
 
 # -- portable knowledge bases and re-embedding ----------------------------------------
@@ -604,6 +661,9 @@ HANDLERS: dict[str, Handler] = {
     "config.check": h_config_check,
     "chat": h_chat,
     "chat.confirm": h_chat_confirm,
+    "page.open": h_page_open,
+    "page.status": h_page_status,
+    "page.close": h_page_close,
     "kb.export": h_kb_export,
     "kb.import": h_kb_import,
     "kb.reembed": h_kb_reembed,

@@ -548,8 +548,10 @@ def serve(db_url: str | None, *, team_dir, host: str, port: int, name: str, sett
     With no ``db_url`` the embedded PostgreSQL in ``team_dir`` is started first and stopped
     after the last request has been answered.
     """
+    from localkb.staging import import_staging
     from localkb.team.embedded import EmbeddedPostgres
 
+    import_staging(settings.data_dir).sweep()  # what imports killed with an earlier server left
     pg = None
     if db_url is None:
         pg = EmbeddedPostgres(team_dir)

@@ -28,8 +28,9 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 from psycopg import sql
@@ -320,6 +321,17 @@ class TeamStore(KnowledgeStore):
 
     def create_kb(self, name: str, *, privacy: str = "device", model: str | None = None,
                   default_access: int = 0) -> KBRecord:
+        return self._create(name, privacy=privacy, model=model, default_access=default_access)
+
+    def create_imported(self, name: str, *, privacy: str, model: str, sources: Sequence[dict],
+                        chunks: Sequence[dict], vectors: np.ndarray) -> KBRecord:
+        """A new knowledge base holding an archive's rows, made in one transaction: a kill
+        leaves it whole or absent, never listed half-filled."""
+        return self._create(name, privacy=privacy, model=model, default_access=0,
+                            fill=lambda conn, kb: kb._insert_rows(conn, sources, chunks, vectors))
+
+    def _create(self, name: str, *, privacy: str, model: str | None, default_access: int,
+                fill: Callable[[Any, TeamKnowledgeBase], None] | None = None) -> KBRecord:
         from localkb.store.kb import check_name
 
         require_admin(self.access)
@@ -328,13 +340,16 @@ class TeamStore(KnowledgeStore):
             raise InvalidInput(f"privacy must be 'device' or 'cloud', not {privacy!r}")
         spec = self.models.spec(model or self.settings.default_model)
         kb_id = "tkb_" + uuid.uuid4().hex[:12]
+        self._ensure_vector_index(spec.dim)  # first: its rows are written beside the index
         with self.db.tx() as conn:
             if conn.execute("SELECT 1 FROM kbs WHERE lower(name) = lower(%s)", (name,)).fetchone():
                 raise Conflict(f"a knowledge base named {name!r} already exists")
-            conn.execute("INSERT INTO kbs (id, name, privacy, model, dim, created, default_access) "
-                         "VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                         (kb_id, name, privacy, spec.id, spec.dim, time.time(), int(default_access)))
-        self._ensure_vector_index(spec.dim)
+            row = conn.execute("INSERT INTO kbs (id, name, privacy, model, dim, created, default_access) "
+                               "VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING *",
+                               (kb_id, name, privacy, spec.id, spec.dim, time.time(),
+                                int(default_access))).fetchone()
+            if fill is not None:
+                fill(conn, TeamKnowledgeBase(self, _record(row), write_level=self.write_level))
         return self.resolve(kb_id)
 
     def _ensure_vector_index(self, dim: int) -> None:
@@ -874,30 +889,35 @@ class TeamKnowledgeBase(KnowledgeBaseHandle):
 
     def import_rows(self, sources: Sequence[dict], chunks: Sequence[dict], vectors: np.ndarray) -> None:
         self.check_writable()
+        with self.db.tx() as conn:
+            self._lock(conn)
+            self._insert_rows(conn, sources, chunks, vectors)
+
+    def _insert_rows(self, conn, sources: Sequence[dict], chunks: Sequence[dict],
+                     vectors: np.ndarray) -> None:
+        """An archive's sources and passages, in the caller's transaction."""
         level = self.write_level if self.write_level is not None else 0
         new_sid = {s["id"]: source_id(self.id, s["key"]) for s in sources}
         titles = {s["id"]: s["title"] for s in sources}
         now = time.time()
-        with self.db.tx() as conn:
-            self._lock(conn)
-            with conn.cursor() as cur:
-                cur.executemany(
-                    "INSERT INTO sources (id, kb_id, key, type, title, url, file_name, content_hash, "
-                    "captured_by, chunk_count, pages, lang, added_at, updated_at, access_level, added_by) "
-                    "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
-                    [(new_sid[s["id"]], self.id, s["key"], s["type"], s["title"], s["url"], s["file_name"],
-                      s["content_hash"], s["captured_by"], s["chunk_count"], s["pages"], s["lang"],
-                      s["added_at"], s["updated_at"], level, self.store.access.user) for s in sources])
-            by_source: dict[str, list[ChunkWrite]] = {}
-            for c, vec in zip(chunks, vectors, strict=True):
-                sid = new_sid[c["source"]]
-                by_source.setdefault(c["source"], []).append(ChunkWrite(
-                    id=chunk_id(self.id, sid, c["index"]), idx=c["index"], text=c["text"],
-                    text_hash=c["text_hash"], page=c["page"], tokens=c["tokens"], vector=vec,
-                    indexed_by=c["indexed_by"]))
-            for old_sid, rows in by_source.items():
-                self._upsert_chunks(conn, new_sid[old_sid], titles[old_sid], level, rows, now=now)
-            self._bump(conn)
+        with conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO sources (id, kb_id, key, type, title, url, file_name, content_hash, "
+                "captured_by, chunk_count, pages, lang, added_at, updated_at, access_level, added_by) "
+                "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
+                [(new_sid[s["id"]], self.id, s["key"], s["type"], s["title"], s["url"], s["file_name"],
+                  s["content_hash"], s["captured_by"], s["chunk_count"], s["pages"], s["lang"],
+                  s["added_at"], s["updated_at"], level, self.store.access.user) for s in sources])
+        by_source: dict[str, list[ChunkWrite]] = {}
+        for c, vec in zip(chunks, vectors, strict=True):
+            sid = new_sid[c["source"]]
+            by_source.setdefault(c["source"], []).append(ChunkWrite(
+                id=chunk_id(self.id, sid, c["index"]), idx=c["index"], text=c["text"],
+                text_hash=c["text_hash"], page=c["page"], tokens=c["tokens"], vector=vec,
+                indexed_by=c["indexed_by"]))
+        for old_sid, rows in by_source.items():
+            self._upsert_chunks(conn, new_sid[old_sid], titles[old_sid], level, rows, now=now)
+        self._bump(conn)
 
     # -- re-embedding (ingest/reembed.py), administrators only -------------------------------
     @contextmanager
