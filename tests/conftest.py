@@ -48,6 +48,19 @@ def run_cli(args: list[str], home: Path, *, check: bool = False, timeout: float 
                           input=input if input is not None else "")
 
 
+def count_embedded(kb, monkeypatch) -> list[int]:
+    """The sizes of the batches the model is given from now on."""
+    embedded: list[int] = []
+    real = kb.embedder.embed
+
+    def counting(texts, progress=None, **kw):
+        embedded.append(len(texts))
+        return real(texts, progress, **kw)
+
+    monkeypatch.setattr(kb.embedder, "embed", counting)
+    return embedded
+
+
 def make_pdf(path: Path, pages: list[str]) -> Path:
     """A real PDF with one text block per page (fpdf2)."""
     from fpdf import FPDF

@@ -301,3 +301,20 @@ def test_a_write_leaves_vector_compaction_to_a_detached_process_or_to_kb_compact
     found = json.loads(run_cli(["search", "Back", "widget 17 cable 3", "--mode", "keyword", "--json"], home,
                                check=True).stdout)
     assert found
+
+
+def test_one_weaker_match_is_said_in_the_singular_and_the_cli_names_its_flag(tmp_path):
+    home = tmp_path / "home"
+    run_cli(["kb", "create", "Docs"], home, check=True)
+    (tmp_path / "tea.md").write_text("# Green tea\n\nSteep sencha at 70 degrees for two minutes.\n")
+    run_cli(["add", "Docs", str(tmp_path / "tea.md")], home, check=True)
+    query = "ideal water heat for brewing"  # no word in common: only the vector leg finds it
+    far = {"LOCALKB_CUTOFF": "0.99"}
+    probe = json.loads(run_cli(["search", "Docs", query, "--json"], home, env=far).stdout)
+    below = run_cli(["search", "Docs", query], home, env=far).stdout
+    assert "(1 passage below the cut-off set aside; --explain shows it)" in below, below
+    near = {"LOCALKB_CUTOFF": f"{probe['weaker'][0]['cosine'] + 0.02:.4f}"}  # just above it: weaker
+    weaker = run_cli(["search", "Docs", query], home, env=near).stdout
+    assert "(1 weaker match set aside; --explain shows it)" in weaker, weaker
+    answer = run_cli(["ask", "Docs", query, "--extractive"], home, env=near).stdout
+    assert "There is 1 weaker match; ask again with --weaker to see it." in answer, answer

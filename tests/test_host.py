@@ -133,8 +133,8 @@ def _fuzz_payloads(rng: random.Random, n: int) -> list[bytes]:
              "source.remove", "search", "errors.list", "config.get", "cancel", "no.such", ""]
     junk = [None, True, 0, -1, 2**70, 1.5, "", "x" * 5000, [], {}, [1, "a"], {"a": {"b": []}},
             "Doc", "../../etc/passwd", "\udcff".encode("utf-8", "surrogatepass").decode("latin-1")]
-    keys = ["kb", "kbs", "name", "privacy", "query", "k", "mode", "text", "html", "pdf_base64", "url",
-            "source", "offset", "limit", "target", "endpoints", "cutoff", "captured_by"]
+    keys = ["kb", "kbs", "name", "privacy", "query", "k", "mode", "text", "html", "pdf_base64", "file_base64",
+            "file_name", "url", "source", "offset", "limit", "target", "endpoints", "cutoff", "captured_by"]
     out: list[bytes] = []
     for i in range(n):
         r = rng.random()

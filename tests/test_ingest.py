@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import make_pdf, run_cli
+from conftest import count_embedded, make_pdf, run_cli
 from localkb.doctor import doctor
 from localkb.errors import EmbeddingUnavailable, NothingWritten
 from localkb.ingest.extract import extract_text
@@ -87,14 +87,7 @@ def test_changed_paragraph_reembeds_only_that_passage(kb, monkeypatch):
     key = "https://example.test/edit"
     text = long_text(10)
     first = add_document(kb, extract_text(text, title="T", url=key), key=key)
-    calls: list[int] = []
-    real = kb.embedder.embed
-
-    def counting(texts, progress=None, **kw):
-        calls.append(len(texts))
-        return real(texts, progress, **kw)
-
-    monkeypatch.setattr(kb.embedder, "embed", counting)
+    calls = count_embedded(kb, monkeypatch)
     edited = text.replace("Paragraph 9 ends here.", "Paragraph 9 now says something new.")
     rep = add_document(kb, extract_text(edited, title="T", url=key), key=key)
     assert rep.status == "updated"

@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from conftest import run_cli
+from conftest import count_embedded, run_cli
 from hostproc import HostProcess
 from localkb.errors import InvalidInput
 from localkb.ingest import pipeline
@@ -48,18 +48,11 @@ def test_sync_follows_edits_deletes_and_renames(kb, tmp_path, monkeypatch):
     (folder / "valve.md").unlink()  # deleted
     (folder / "fuse.md").rename(folder / "sub" / "fuse-renamed.md")  # renamed
     (folder / "photo.png").write_bytes(b"\x89PNG\r\n\x1a\n")
-    embedded: list[int] = []
-    real = kb.embedder.embed
-
-    def counting(texts, progress=None, **kw):
-        embedded.append(len(texts))
-        return real(texts, progress, **kw)
-
-    monkeypatch.setattr(kb.embedder, "embed", counting)
+    embedded = count_embedded(kb, monkeypatch)
     report = sync_folder(kb)  # the remembered folder
     by = report.totals()["by_status"]
     assert by["updated"] == 1 and by["unchanged"] == 1 and by["added"] == 1 and by["skipped"] == 1
-    assert {r["name"].rsplit("/", 1)[-1] for r in report.removed_sources} == {"valve.md", "fuse.md"}
+    assert {r["name"].rsplit("/", 1)[-1] for r in report.removed_sources} == {"valve.md"}
     assert [(Path(a).name, Path(b).name) for a, b in report.renamed] == [("fuse.md", "fuse-renamed.md")]
     renamed = next(s for s in report.sources if s.name.endswith("fuse-renamed.md"))
     assert renamed.reused == renamed.total  # its passages were copied, not embedded again
@@ -68,7 +61,70 @@ def test_sync_follows_edits_deletes_and_renames(kb, tmp_path, monkeypatch):
     assert stored_names(kb) == {"pump.md", "fuse-renamed.md", "relay.md"}
     vi, ki = kb.indexes()
     assert len(vi) == ki.doc_count() == kb.catalog.counts(kb.id)["chunks"]
-    assert "· 2 removed (1 renamed)" in report.summary
+    # the rename is a rename: not also a removal, and its passages are not "added"
+    assert "1 renamed" in report.summary and "1 removed" in report.summary, report.summary
+    assert "2 removed" not in report.summary and "added" not in report.summary, report.summary
+
+
+def test_a_folder_synced_at_a_new_path_is_moved_not_doubled(kb, tmp_path, monkeypatch):
+    import shutil
+
+    from localkb.ingest.sync import sync_folder
+
+    old = tmp_path / "old" / "docs"
+    for name, topic in [("pump.md", "pump"), ("valve.md", "valve"), ("sub/relay.md", "relay")]:
+        note(old, name, topic)
+    assert sync_folder(kb, old).totals()["by_status"]["added"] == 3
+    new = tmp_path / "new" / "docs"
+    shutil.copytree(old, new)
+    note(new, "fuse.md", "fuse")  # one file more in the new place
+    embedded = count_embedded(kb, monkeypatch)
+    report = sync_folder(kb, new)
+    files = sorted(p.name for p in new.rglob("*.md"))
+    assert kb.catalog.counts(kb.id)["sources"] == len(files) == 4, stored_names(kb)
+    assert sorted(Path(b).name for _a, b in report.moved) == ["pump.md", "relay.md", "valve.md"]
+    assert all(a.startswith(str(old)) and b.startswith(str(new)) for a, b in report.moved)
+    fuse = next(s for s in report.sources if s.name.endswith("fuse.md"))
+    assert sum(embedded) == fuse.total  # the moved files met no model: their vectors were kept
+    assert "3 moved" in report.summary and "1 added" in report.summary, report.summary
+    assert "removed" not in report.summary, report.summary
+    vi, ki = kb.indexes()
+    assert len(vi) == ki.doc_count() == kb.catalog.counts(kb.id)["chunks"]
+
+
+def test_sources_of_a_folder_no_longer_synced_are_reported_and_pruned_on_request(kb, tmp_path):
+    from localkb.ingest.sync import sync_folder
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    note(first, "pump.md", "pump")
+    note(second, "valve.md", "valve")
+    sync_folder(kb, first)
+    report = sync_folder(kb, second)
+    assert [Path(n).name for n in report.unsynced] == ["pump.md"] and not report.moved
+    assert "1 from a folder no longer synced (--prune removes it)" in report.summary, report.summary
+    assert stored_names(kb) == {"pump.md", "valve.md"}  # reported, not removed
+    pruned = sync_folder(kb, second, prune=True)
+    assert [Path(r["name"]).name for r in pruned.removed_sources] == ["pump.md"] and not pruned.unsynced
+    assert stored_names(kb) == {"valve.md"}
+
+
+def test_the_cli_says_moved_and_prunes_with_a_flag(tmp_path):
+    import shutil
+
+    home = tmp_path / "home"
+    run_cli(["kb", "create", "Docs"], home, check=True)
+    old, new = tmp_path / "a" / "notes", tmp_path / "b" / "notes"
+    note(old, "pump.md", "pump")
+    note(old, "valve.md", "valve")
+    run_cli(["sync", "Docs", str(old)], home, check=True)
+    shutil.copytree(old, new)
+    (new / "valve.md").unlink()
+    moved = run_cli(["sync", "Docs", str(new)], home)
+    assert moved.returncode == 0 and "1 moved" in moved.stdout, moved.stdout + moved.stderr
+    assert "1 from a folder no longer synced (--prune removes it)" in moved.stdout, moved.stdout
+    pruned = run_cli(["sync", "Docs", "--prune", "--json"], home)
+    assert pruned.returncode == 0, pruned.stdout + pruned.stderr
+    assert [Path(r["name"]).name for r in json.loads(pruned.stdout)["removed_sources"]] == ["valve.md"]
 
 
 def test_sync_remembers_the_folder_and_its_rules(kb, tmp_path):
@@ -194,3 +250,18 @@ def test_the_host_syncs_the_remembered_folder(tmp_path):
                    for e in events)
         nothing = host.request({"id": 2, "type": "kb.sync", "data": {"kb": "Nope"}})
         assert nothing["error"]["code"] == "kb_not_found"
+
+
+def test_the_host_prunes_a_folder_no_longer_synced_when_asked(tmp_path):
+    home = tmp_path / "home"
+    run_cli(["kb", "create", "Docs"], home, check=True)
+    note(tmp_path / "first", "a.md", "alpha")
+    note(tmp_path / "second", "b.md", "beta")
+    run_cli(["sync", "Docs", str(tmp_path / "first")], home, check=True)
+    run_cli(["sync", "Docs", str(tmp_path / "second")], home, check=True)
+    with HostProcess(HOST, home=home) as host:
+        kept = host.request({"id": 1, "type": "kb.sync", "data": {"kb": "Docs"}})
+        assert [Path(p).name for p in kept["result"]["unsynced"]] == ["a.md"], kept
+        pruned = host.request({"id": 2, "type": "kb.sync", "data": {"kb": "Docs", "prune": True}})
+        assert [Path(r["name"]).name for r in pruned["result"]["removed_sources"]] == ["a.md"], pruned
+        assert pruned["result"]["unsynced"] == []

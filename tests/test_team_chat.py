@@ -47,9 +47,10 @@ def _answer(request: dict) -> str:
 
 def _make(team_db, settings, tmp_path, **chat) -> SimpleNamespace:
     llm = FakeLLM(reply_fn=_answer).__enter__()
+    proxies = chat.pop("trusted_proxies", ())
     config = ChatConfig(endpoint=chat.pop("endpoint", Endpoint("team", llm.base_url, "fake-model")),
                         **chat)
-    api = TeamAPI(team_db, settings, name="acme", chat=config)
+    api = TeamAPI(team_db, settings, name="acme", chat=config, trusted_proxies=proxies)
     httpd, _ = _start(api)
     kb, tokens, holiday, salary = seed_acme(api, httpd.url, more_staff=("carol",))
     return SimpleNamespace(url=httpd.url, api=api, kb=kb, tokens=tokens, llm=llm, httpd=httpd,

@@ -29,7 +29,7 @@ def team(team_db, settings, tmp_path):
     ns = _make(team_db, settings, tmp_path, sse_newline="\r\n")
     with ns.client("bob") as bob:
         for n in range(4):
-            bob.add(ns.kb.id, title=f"Holiday note {n}",
+            bob.add(ns.kb.id, title=f"Holiday note {n}", url=f"https://intranet/notes/{n}",
                     text=f"Holiday note {n}: paid holiday requests go through the portal."
                     + (" Approved by the lottery committee." if n == 2 else ""))
     ns.api.reranker = Reranker(build_cross_encoder(tmp_path / "ce", ["lottery"]))
@@ -51,7 +51,7 @@ def test_the_pipeline_view_shows_access_stages_rerank_and_cache_badges(team):
         browser = pw.chromium.launch(headless=True, executable_path=chromium_path(), args=CHROMIUM_ARGS)
         try:
             for scheme in ("light", "dark"):
-                ctx = browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme=scheme)
+                ctx = browser.new_context(viewport={"width": 1280, "height": 800}, color_scheme=scheme)
                 ctx.set_default_timeout(WAIT_MS)
                 page = ctx.new_page()
                 errors: list[str] = []
@@ -62,9 +62,28 @@ def test_the_pipeline_view_shows_access_stages_rerank_and_cache_badges(team):
                 page.fill("#token", team.tokens["alice"])
                 page.click("#token-form button")
                 page.wait_for_selector("#who:has-text('Signed in as alice')")
+                page.click("#access-box > summary")
                 access = page.locator("#access tbody tr").all_inner_texts()
                 assert access == ["Handbook\tinternal\tno"], access
+                # What the stage table holds when the first token is shown: it fills as stages end.
+                page.evaluate("""() => { window.__atFirstToken = null;
+                    new MutationObserver((changes, obs) => {
+                        const a = document.querySelector('#turns li.assistant .answer');
+                        if (a && a.textContent) {
+                            window.__atFirstToken = [...document.querySelectorAll('#stages tbody tr')]
+                                .map((r) => r.dataset.stage);
+                            obs.disconnect();
+                        }
+                    }).observe(document.getElementById('turns'), {subtree: true, childList: true,
+                                                                   characterData: true}); }""")
+                page.click("#access-box > summary")  # folded again: the turn's tables need the room
                 _ask(page, QUESTION, 1)
+                if scheme == "light":
+                    early = page.evaluate("window.__atFirstToken")
+                    # Before: the table was filled only from the final result.
+                    wanted = {"guard_in", "access", "rewrite", "vector", "rerank"}
+                    assert early and wanted <= set(early), early
+                    assert "log" not in early, early
                 answer = page.locator("#turns li.assistant").last.inner_text()
                 # the cross-encoder put the lottery note first, so it is the passage [1] names
                 assert "25 days" in answer and "[1] Holiday note 2 (Handbook)" in answer
@@ -79,7 +98,14 @@ def test_the_pipeline_view_shows_access_stages_rerank_and_cache_badges(team):
                     assert float(stages["generate"]) == 0 == float(stages["rerank"])
                 assert page.locator("#badges").inner_text().startswith(
                     "cache: miss" if scheme == "light" else "cache: exact hit")
+                # citations are links to the passage's page
+                hrefs = page.locator("#turns li.assistant .cites a").evaluate_all(
+                    "(links) => links.map((a) => a.getAttribute('href'))")
+                assert "https://intranet/notes/2" in hrefs, hrefs
                 if scheme == "light":
+                    # the rerank table is on screen at 1280 x 800, not below the fold
+                    bottom = page.evaluate("document.querySelector('#rerank').getBoundingClientRect().bottom")
+                    assert 0 < bottom <= 800, bottom
                     rows = page.locator("#rerank tbody tr").all_inner_texts()
                     assert rows and "Holiday note 2" in rows[0]  # the cross-encoder put it first
                     before = int(rows[0].split("\t")[0])
@@ -90,6 +116,12 @@ def test_the_pipeline_view_shows_access_stages_rerank_and_cache_badges(team):
                 assert "cache: exact hit" in page.locator("#badges").inner_text()
                 assert "nothing was reranked" in page.locator("#rerank-note").inner_text()
                 _ask(page, "how do I request paid holiday?", 3)
+                # a follow-up carries the conversation: the rewrite stage has something to work with
+                asked = len(team.llm.requests)
+                _ask(page, "and what about it?", 4)
+                rewrites = [r for r in team.llm.requests[asked:]
+                            if "Rewrite the user's last message" in str(r["messages"][0]["content"])]
+                assert rewrites and "paid holiday" in str(rewrites[0]["messages"]), team.llm.requests[asked:]
                 page.screenshot(path=str(ARTIFACTS / f"team-pipeline-wide-{scheme}.png"), full_page=True)
                 page.set_viewport_size({"width": 400, "height": 900})
                 page.wait_for_timeout(100)

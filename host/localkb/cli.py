@@ -10,6 +10,18 @@ from collections.abc import Callable, Sequence
 from localkb import __version__
 from localkb.config import Settings
 from localkb.errors import LocalKBError
+from localkb.strings import plural
+
+#: What ``add`` and ``sync`` exit with, for scripts (an error's own code is in ``EXIT_CODES``).
+EXIT_STORED, EXIT_PARTIAL, EXIT_NOTHING, EXIT_USAGE, EXIT_INTERRUPTED = 0, 10, 5, 2, 130
+INGEST_EXITS = """exit codes:
+  0    everything was stored (added, updated or already unchanged); files of a folder
+       skipped for their type or size do not count against it
+  10   some sources were stored, some failed (each is listed with its reason)
+  5    nothing was stored (every source failed or was skipped, a named file was empty)
+  2    bad usage (a missing argument, an unknown option, a bad value)
+  130  interrupted (Ctrl-C): what was written stays; run the same command to finish
+  3 not found, 4 the model or a team server is unavailable, 1 any other error"""
 
 EXIT_CODES = {"privacy_blocked": 6, "llm_unavailable": 7,
               "invalid_input": 2, "kb_not_found": 3, "source_not_found": 3, "not_found": 3,
@@ -173,10 +185,6 @@ def cmd_kb_delete(args, out: Out) -> int:
 
 
 # -- sources -----------------------------------------------------------------------
-def plural(n: int, word: str) -> str:
-    return f"{n:,} {word if n == 1 else word + 's'}"
-
-
 class ProgressLine:
     """One line on stderr, redrawn in place: sources done of total, passages, rate, ETA, current.
 
@@ -287,11 +295,13 @@ def _max_bytes(args) -> int | None:
         raise InvalidInput(str(err)) from err
 
 
-def ingest_text(report) -> str:
-    """Per-source lines (what changed, what was skipped or failed and why), then the final line."""
+def ingest_text(report, told: frozenset[str] = frozenset()) -> str:
+    """Per-source lines (what changed, what was skipped or failed and why), then the final line.
+
+    ``told``: sources whose line the caller wrote already (a sync's renames and moves)."""
     lines = []
     for s in report.sources:
-        if s.status == "unchanged" and not s.failed:
+        if (s.status == "unchanged" and not s.failed) or s.name in told:
             continue  # counted in the final line; listing hundreds of them helps no one
         mark = {"failed": "✗", "skipped": "-", "partial": "!"}.get(s.status, "✓")
         lines.append(f"{mark} {s.name}: {s.summary}")
@@ -304,12 +314,15 @@ def ingest_text(report) -> str:
 
 
 def ingest_exit(report) -> int:
+    """``INGEST_EXITS``: all stored, some failed, nothing stored, interrupted."""
     if report.interrupted:
-        return 130
+        return EXIT_INTERRUPTED
     totals = report.totals()
-    if totals["sources"] and totals["sources_failed"] == totals["sources"]:
-        return 5
-    return 1 if (totals["failed"] or totals["sources_failed"]) else 0
+    by = totals["by_status"]
+    stored = by["added"] + by["updated"] + by["unchanged"] + by["partial"]
+    if not stored and (totals["sources_failed"] or totals["skipped"]):
+        return EXIT_NOTHING
+    return EXIT_PARTIAL if (totals["failed"] or totals["sources_failed"]) else EXIT_STORED
 
 
 def cmd_add(args, out: Out) -> int:
@@ -367,7 +380,7 @@ def cmd_sync(args, out: Out) -> int:
     with StopOnInterrupt(bar.close) as stop:
         try:
             report = sync_folder(kb, args.folder, **rules, max_bytes=_max_bytes(args), progress=bar,
-                                 check_cancelled=stop.check)
+                                 check_cancelled=stop.check, prune=args.prune)
         finally:
             bar.close()
     out.emit(report.to_dict(), lambda: sync_text(report))
@@ -376,12 +389,16 @@ def cmd_sync(args, out: Out) -> int:
 
 def sync_text(report) -> str:
     lines = [f"sync {report.folder}:"]
-    body = ingest_text(report)
     for r in report.removed_sources:
         lines.append(f"✓ {r['name']}: removed ({plural(r['removed_chunks'], 'passage')})")
-    for old, new in report.renamed:
-        lines.append(f"✓ {old} -> {new}: renamed (no passage embedded again)")
-    return "\n".join([*lines, body])
+    for what, pairs in (("renamed", report.renamed), ("moved", report.moved)):
+        lines += [f"✓ {old} -> {new}: {what} (no passage embedded again)" for old, new in pairs]
+    if report.unsynced:
+        lines.append(f"{plural(len(report.unsynced), 'source')} of a folder this knowledge base no longer "
+                     "syncs (kept until `--prune`): " + ", ".join(report.unsynced[:5])
+                     + (" …" if len(report.unsynced) > 5 else ""))
+    told = frozenset(new for _old, new in report.renamed + report.moved)
+    return "\n".join([*lines, ingest_text(report, told)])
 
 
 def cmd_sources(args, out: Out) -> int:
@@ -392,7 +409,7 @@ def cmd_sources(args, out: Out) -> int:
         rows, total = kb.list_sources(offset=args.offset, limit=args.limit or 100)
         out.emit({"sources": rows, "total": total}, lambda: "\n".join(
             [f"{r['id']}  {r['chunks']:>5} chunks  {r['access']:12} {r['title'][:60]}" for r in rows]
-            + [f"{len(rows)} of {total} sources (team {kb.team.name})"]))
+            + [f"{len(rows)} of {plural(total, 'source')} (team {kb.team.name})"]))
         return 0
     if out.json:
         # Streamed: one source at a time, however many there are.
@@ -456,9 +473,11 @@ def cmd_search(args, out: Out) -> int:
         if args.explain:
             lines += ["", explain_table(res)]
         elif res.weaker and not res.hits:
-            what = ("weaker matches" if any(st.status == "weaker" for st in res.statuses)
-                    else "passages below the cut-off")
-            lines.append(f"({len(res.weaker)} {what} set aside; --explain shows them)")
+            n = len(res.weaker)
+            what = (plural(n, "weaker match", "weaker matches")
+                    if any(st.status == "weaker" for st in res.statuses)
+                    else plural(n, "passage") + " below the cut-off")
+            lines.append(f"({what} set aside; --explain shows {'it' if n == 1 else 'them'})")
         return "\n".join(lines)
 
     out.emit(res.to_dict(), text)
@@ -534,7 +553,7 @@ def cmd_doctor(args, out: Out) -> int:
             if vec.get("compaction_due"):
                 state += (f"; compaction due ({vec['compaction_due']}; {vec['graph_segments']} graph + "
                           f"{vec['flat_segments']} flat segments): localkb kb compact")
-            lines.append(f"{kb['name']}: {kb['chunks']} chunks, vectors "
+            lines.append(f"{kb['name']}: {plural(kb['chunks'], 'chunk')}, vectors "
                          f"{kb.get('vector_index', {}).get('count', '?')}, keywords "
                          f"{kb.get('keyword_index', {}).get('count', '?')}: {state}")
             if kb.get("repaired"):
@@ -673,7 +692,8 @@ def _chat_turn(args, out: Out, store, message: str, history: list, *, cache, kin
               end="", flush=True)
         return sys.stdin.readline().strip().lower() in {"y", "yes"}
 
-    options = ChatOptions(use_weaker_matches=args.weaker, strict=args.strict, kind=kind)
+    options = ChatOptions(use_weaker_matches=args.weaker, strict=args.strict, kind=kind,
+                          ask_weaker="ask again with --weaker")
     result = run_turn(store, args.kb, message, history=history,
                       endpoint=_chat_endpoint(args, store), options=options, cache=cache,
                       on_step=on_step, on_token=on_token, confirm=confirm)
@@ -923,8 +943,8 @@ def _team_export(kb, output: str, passphrase: str | None, out: Out) -> int:
     res = {"path": str(path), "bytes": len(raw), "encrypted": bool(passphrase), "origin": "team",
            "sources": int(headers.get("x-localkb-sources", 0)),
            "chunks": int(headers.get("x-localkb-chunks", 0))}
-    out.emit(res, f"exported {kb.record.name} from team {kb.team.name}: {res['sources']} sources, "
-             f"{res['chunks']} chunks, {len(raw):,} bytes -> {path}")
+    out.emit(res, f"exported {kb.record.name} from team {kb.team.name}: {plural(res['sources'], 'source')}, "
+             f"{plural(res['chunks'], 'chunk')}, {len(raw):,} bytes -> {path}")
     return 0
 
 
@@ -950,8 +970,8 @@ def _team_import(args, out: Out, store, passphrase: str | None) -> int:
     with team.client() as client:
         res = client.import_(raw, name=args.name, access=args.access)
     kb = res["knowledge_base"]
-    out.emit(res, f"imported {kb['name']} ({kb['id']}) into team {team.name}: {res['sources']} sources, "
-             f"{res['chunks']} chunks, access {res['access']}")
+    out.emit(res, f"imported {kb['name']} ({kb['id']}) into team {team.name}: "
+             f"{plural(res['sources'], 'source')}, {plural(res['chunks'], 'chunk')}, access {res['access']}")
     return 0
 
 
@@ -992,8 +1012,21 @@ def cmd_kb_reembed(args, out: Out) -> int:
 
 
 # -- parser ------------------------------------------------------------------------
+def _reads() -> str:
+    """The file types ``add`` and ``sync`` read, for their ``--help``."""
+    import textwrap
+
+    from localkb.ingest.documents import readable_suffixes
+
+    listed = textwrap.fill(" ".join(readable_suffixes()), 88, initial_indent="  ", subsequent_indent="  ")
+    return f"reads:\n{listed}\n  (anything else is skipped with its type named)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="localkb", description="Personal knowledge bases on your machine.")
+    reads = _reads()
+    p = argparse.ArgumentParser(prog="localkb", description="Personal knowledge bases on your machine.",
+                                epilog=f"{INGEST_EXITS}\n(add and sync; other commands exit 0 on success)",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"localkb {__version__}")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="machine-readable output")
@@ -1034,7 +1067,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--batch-size", type=int, default=64, help="passages per embedding batch")
     c.set_defaults(func=cmd_kb_reembed)
 
-    c = sub.add_parser("add", parents=[common], help="add files, folders or URLs to a knowledge base")
+    c = sub.add_parser("add", parents=[common], help="add files, folders or URLs to a knowledge base",
+                       description="Add files, folders (recursive) and public URLs to a knowledge base.",
+                       epilog=f"{reads}\n\n{INGEST_EXITS}",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("kb")
     c.add_argument("items", nargs="+", metavar="PATH_OR_URL")
     c.add_argument("--include", action="append", help="glob of files to include (repeatable)")
@@ -1047,7 +1083,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_add)
     c = sub.add_parser("sync", parents=[common],
                        help="make a knowledge base match a folder: add new files, re-index changed ones, "
-                            "remove deleted ones")
+                            "remove deleted ones", epilog=f"{reads}\n\n{INGEST_EXITS}",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("kb")
     c.add_argument("folder", nargs="?", default=None,
                    help="the folder (remembered with its rules; omit it to sync the remembered one)")
@@ -1056,6 +1093,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="glob of files or folders to skip (repeatable; remembered)")
     c.add_argument("--max-size", default=None, metavar="SIZE", help="size cap per source (0 lifts it)")
     c.add_argument("--watch", action="store_true", help="keep syncing as files change (Ctrl-C stops)")
+    c.add_argument("--prune", action="store_true",
+                   help="remove the sources of folders this knowledge base synced before and no longer "
+                        "does (without it they are reported and kept)")
     c.set_defaults(func=cmd_sync)
     c = sub.add_parser("sources", parents=[common], help="list the sources of a knowledge base")
     c.add_argument("kb")

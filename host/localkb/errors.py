@@ -9,6 +9,8 @@ the boundary with ``raise X(...) from err``.
     ├── InvalidInput                invalid_input
     │   ├── InvalidArchive          invalid_archive
     │   ├── InvalidDocument         invalid_document
+    │   │   ├── EmptyDocument       invalid_document (a file of it is skipped as empty)
+    │   │   └── UnsafeDocument      unsafe_document
     │   ├── SourceTooLarge          source_too_large
     │   ├── ProtocolError           protocol_error
     │   └── TooLarge                too_large
@@ -74,6 +76,17 @@ class InvalidDocument(InvalidInput):
     """A document could not be read (a broken PDF, undecodable bytes, no text)."""
 
     code = "invalid_document"
+
+
+class EmptyDocument(InvalidDocument):
+    """A document with no text at all (blank, or only white space): a file of it is skipped as
+    ``empty``, as a 0-byte one is; handed over by a caller, it stays ``invalid_document``."""
+
+
+class UnsafeDocument(InvalidDocument):
+    """A document built to exhaust the reader: a zip bomb, XML entities, too many parts."""
+
+    code = "unsafe_document"
 
 
 class SourceTooLarge(InvalidInput):

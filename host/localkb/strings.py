@@ -5,6 +5,7 @@ names typed at the CLI) asks these two functions, so the rules live in one place
 
 - ``string_problem``: a string the catalogue cannot store or that no real text contains: a
   lone surrogate (not valid Unicode; UTF-8 cannot encode it) or a NUL character.
+- ``plural``: a count with its noun in agreement (``1 passage``, ``2 passages``).
 - ``clean_name``: a name shown to the user (a knowledge base, an endpoint) in NFC, without
   control, format (RTL override, zero-width characters, BOM), surrogate, private-use,
   unassigned or line/paragraph-separator characters, so two names that look the same are
@@ -53,3 +54,13 @@ def clean_name(value: object, *, what: str, max_len: int, forbid: str = "") -> s
                                + (f" ({label.lower()})" if label else "")
                                + (f" or any of {' '.join(forbid)}" if forbid else ""))
     return name
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``1 passage``, ``2 passages``, ``1 weaker match``, ``3 weaker matches`` (with ``many``)."""
+    return f"{n:,} {word if n == 1 else (many or word + 's')}"
+
+
+def have(n: int, word: str) -> str:
+    """``1 chunk has``, ``2 chunks have``: a count as the subject of "have"."""
+    return f"{plural(n, word)} {'has' if n == 1 else 'have'}"

@@ -45,6 +45,7 @@ from localkb.retrieval.search import Hit, KBStatus, Reranker, Searcher, names_ph
 from localkb.store.analysis import stopwords, tokens
 from localkb.store.base import KnowledgeStore as Store
 from localkb.store.catalog import KBRecord
+from localkb.strings import plural
 
 #: What the model is told to say, and what the extractive path says, when the passages fall short.
 IDK = "I don't know from these documents"
@@ -88,6 +89,8 @@ StepFn = Callable[[dict], None]
 TokenFn = Callable[[str], None]
 #: Gets the turn's provenance (knowledge-base ids) before its first token.
 ProvenanceFn = Callable[[list[str]], None]
+#: Gets each stage of the turn (``STAGES``) and its milliseconds as soon as it is over.
+StageFn = Callable[[str, float], None]
 #: True writes, False declines, None: no answer in time (expired).
 ConfirmFn = Callable[[dict], bool | None]
 
@@ -155,6 +158,9 @@ class ChatOptions:
     #: Knowledge bases (ids or names) whose weaker matches join the passages; the side
     #: panel's "Use weaker matches from <KB>" asks for one.
     weaker_kbs: tuple[str, ...] = ()
+    #: How an answer from no passages says to use the weaker matches: the panel's button
+    #: reads "Use weaker matches"; the CLI names its flag.
+    ask_weaker: str = "ask again using weaker matches"
     strict: bool = False
     rewrite_timeout: float = REWRITE_TIMEOUT_S
     timeouts: Timeouts = DEFAULT_TIMEOUTS
@@ -784,7 +790,8 @@ def _order(hit: Hit) -> tuple:
             hit.cosine or 0.0)
 
 
-def _no_passages_answer(statuses: Sequence[KBStatus], use_weaker: bool) -> str:
+def _no_passages_answer(statuses: Sequence[KBStatus], use_weaker: bool,
+                        ask_weaker: str = ChatOptions.ask_weaker) -> str:
     searched = [s for s in statuses if s.status not in ("skipped", "unavailable")]
     failed = [s.kb_name for s in statuses if s.status == "unavailable"]
     if not searched:
@@ -803,8 +810,9 @@ def _no_passages_answer(statuses: Sequence[KBStatus], use_weaker: bool) -> str:
     # "weaker" (a "nothing" status has none worth offering).
     weaker = sum(s.weaker for s in statuses if s.status == "weaker")
     if weaker and not use_weaker:
-        text += (f" There {'is' if weaker == 1 else 'are'} {weaker} weaker "
-                 f"match{'es' if weaker != 1 else ''}; ask again using weaker matches to see them.")
+        matches = plural(weaker, "weaker match", "weaker matches")
+        text += (f" There {'is' if weaker == 1 else 'are'} {matches}; "
+                 f"{ask_weaker} to see {'it' if weaker == 1 else 'them'}.")
     return text
 
 
@@ -901,6 +909,7 @@ def run_turn(
     cancel: threading.Event | None = None,
     scope: tuple = (),
     on_provenance: ProvenanceFn | None = None,
+    on_stage: StageFn | None = None,
 ) -> ChatResult:
     """Answer ``message`` from the knowledge bases ``kb_refs`` (ids or names); see the module doc.
 
@@ -954,6 +963,8 @@ def run_turn(
     rewrite = rewrite_query(message, history, endpoint, store, timeout=options.rewrite_timeout,
                             cancel=cancel, placement=placement)
     query = rewrite.query
+    if on_stage is not None:
+        on_stage("rewrite", rewrite.ms)
     _cancelled(cancel)
 
     tools_offered = options.tools and endpoint is not None and wants_to_save(message)
@@ -974,7 +985,7 @@ def run_turn(
         location,
         None if endpoint is None else (endpoint.name, endpoint.base_url, endpoint.model,
                                        endpoint.mark_cloud),
-        options.k, options.use_weaker_matches, weaker_ids, tuple(scope),
+        options.k, options.use_weaker_matches, weaker_ids, tuple(scope), options.ask_weaker,
     )
     qvec = None
     # The query's embeddings by model: filled once, read by the semantic cache and by every
@@ -1010,6 +1021,8 @@ def run_turn(
             for status in result.statuses:
                 if on_step is not None:
                     on_step(status)
+            for stage in STAGES[1:] if on_stage is not None else ():
+                on_stage(stage, 0.0)
             if on_provenance is not None:
                 on_provenance(result.kbs)
             if on_token is not None and result.answer:
@@ -1049,6 +1062,8 @@ def run_turn(
     passages = (hits + chosen_weaker)[: options.k]
     stages, candidates = _stage_totals(search_trace, [r.id for r in allowed])
     stages["embed"] = round(stages["embed"] + trace["cache"].get("embed_ms", 0.0), 3)
+    for stage in ("embed", "vector", "keyword", "fuse", "rerank") if on_stage is not None else ():
+        on_stage(stage, stages[stage])
     reranked = {kb_id: t["rerank"] for kb_id, t in search_trace.get("kbs", {}).items()
                 if "rerank" in t}
     unavailable = [s for s in statuses if s.status == "unavailable"]
@@ -1124,6 +1139,8 @@ def run_turn(
             notes.append(f"The model {endpoint.name} failed, so this answer is not generated: {err}")
             answer, cited = extractive_answer(passages, f"the model {endpoint.name} failed", missing)
         generate_ms = _ms(t0)
+        if on_stage is not None:
+            on_stage("generate", generate_ms)
         for call in calls:
             outcome = _run_tool(store, call, offered=tools_offered and bool(targets), targets=targets,
                                 confirm=confirm, cancel=cancel)
@@ -1137,7 +1154,8 @@ def run_turn(
     elif passages:
         answer, cited = extractive_answer(passages, options.no_model_reason, missing)
     else:
-        answer = _no_passages_answer(statuses, options.use_weaker_matches or bool(weaker_ids))
+        answer = _no_passages_answer(statuses, options.use_weaker_matches or bool(weaker_ids),
+                                     options.ask_weaker)
     if removed:
         notes.append("Removed citations to passages that were not given: "
                      + ", ".join(f"[{n}]" for n in removed) + ".")

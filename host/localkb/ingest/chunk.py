@@ -1,7 +1,8 @@
 """Token-aware chunking: at most N model tokens per passage (Settings: 96), title prefix included.
 
 Splits at headings, then paragraphs, then sentences, then words; packs the
-pieces greedily with a small overlap; never lets a chunk span two PDF pages. A
+pieces greedily with a small overlap; never lets a chunk span two sections (PDF pages,
+slides, sheets, chapters), and starts every chunk of a section with its heading if it has one. A
 heading or a definition term (a line followed by a ``: description`` line) never
 ends a passage: it starts the next one with what it introduces. A passage cut from a
 fenced code block is fenced as the block is (its fence lines counted in its tokens).
@@ -312,8 +313,16 @@ def iter_chunks(doc: Document, count: TokenCounter, *, max_tokens: int,
     n = 0
     for section in doc.iter_sections():
         block = []
-        for text, tokens in _pack(_pieces(section.text, budget, count, fence), budget, overlap,
-                                  fence):
-            block.append(Chunk(n, text, section.page, tokens + prefix_tokens + 2))
+        # A section's heading (a slide, a sheet with its header row) leads each of its passages.
+        # One too long for that (a sheet of many columns) leads with its first line, cut short.
+        heading = section.heading
+        lead = count([heading])[0] + 1 if heading else 0
+        if lead > budget // 2:
+            heading = heading.split("\n", 1)[0][:100]
+            lead = count([heading])[0] + 1
+        room = max(32, budget - lead)
+        for text, tokens in _pack(_pieces(section.text, room, count, fence), room, overlap, fence):
+            body = f"{heading}\n{text}" if heading else text
+            block.append(Chunk(n, body, section.page, tokens + lead + prefix_tokens + 2))
             n += 1
         yield block

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from localkb.errors import InvalidDocument
+from localkb.errors import EmptyDocument, InvalidDocument
 
 
 @dataclass
@@ -20,6 +20,9 @@ class Section:
 
     text: str
     page: int | None = None
+    #: What leads every passage cut from the section (a slide's, a sheet's, a chapter's
+    #: heading line), so each names where it is from; ``None``: the text's own headings only.
+    heading: str | None = None
 
 
 @dataclass
@@ -570,7 +573,7 @@ def extract_text(text: str, *, kind: str = "text", title: str | None = None,
     """Plain text or Markdown; the title is the first heading or line when none is given."""
     body = _tidy(text)
     if not body:
-        raise InvalidDocument("the text is empty")
+        raise EmptyDocument("the text is empty")
     if not title:
         first = body.split("\n", 1)[0]
         heading = first.lstrip("#").strip() if first.startswith("#") else ""
@@ -585,6 +588,10 @@ def extract_bytes(data: bytes, *, name: str, content_type: str | None = None,
     ctype = (content_type or "").split(";")[0].strip().lower()
     suffix = Path(name).suffix.lower()
     file_name = None if url else Path(name).name
+    from localkb.ingest import documents  # office documents, e-books, mail, gzip
+
+    if documents.kind_of(name, ctype, data[:8]) is not None:
+        return documents.extract_document(data, name=name, content_type=ctype, url=url, title=title)
     if ctype == "application/pdf" or suffix in PDF_SUFFIXES or data.startswith(b"%PDF"):
         return extract_pdf(data, url=url, file_name=file_name, title=title)
     if looks_binary(data):
@@ -704,6 +711,14 @@ def open_file(path: Path, *, on_read: Callable[[int], None] | None = None) -> tu
     """
     path = Path(path)
     suffix = path.suffix.lower()
+    from localkb.ingest import documents  # office documents, e-books, mail, gzip: read whole
+
+    if documents.kind_of(path.name) is not None:
+        data = path.read_bytes()
+        doc = documents.extract_document(data, name=path.name)
+        if on_read:
+            on_read(len(data))
+        return doc, "bytes"
     with open(path, "rb") as fh:
         head = fh.read(8)
     if suffix in PDF_SUFFIXES or head.startswith(b"%PDF"):

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from localkb.ingest.extract import SUPPORTED_SUFFIXES
+from localkb.ingest.documents import readable
 
 DEFAULT_EXCLUDES = (".*", "node_modules", "__pycache__", "*.pyc", ".git")
 
@@ -114,7 +114,7 @@ def walk_folder(root: Path, include: Iterable[str] = (), exclude: Iterable[str] 
             if _matches(path, root, exclude) or (include and not _matches(path, root, include)):
                 walk.excluded += 1
                 continue
-            if not include and path.suffix.lower() not in SUPPORTED_SUFFIXES:
+            if not include and not readable(path.name):
                 walk.skipped.append((path, unsupported_reason(path)))
                 continue
             try:

@@ -55,6 +55,7 @@ from localkb.errors import (
     AmbiguousReference,
     Cancelled,
     EmbeddingUnavailable,
+    EmptyDocument,
     FetchFailed,
     InvalidDocument,
     InvalidInput,
@@ -64,6 +65,7 @@ from localkb.errors import (
     SourceTooLarge,
 )
 from localkb.ingest.chunk import Chunk, iter_chunks, passage_text
+from localkb.ingest.documents import DOCUMENT_TYPES
 from localkb.ingest.extract import (
     TEXT_SEGMENT_CHARS,
     Document,
@@ -83,11 +85,13 @@ from localkb.ingest.progress import JobProgress
 from localkb.store.base import ChunkWrite, FileFingerprint, SourceWrite, StagedPassage
 from localkb.store.base import KnowledgeBaseHandle as KnowledgeBase
 from localkb.store.catalog import chunk_id
+from localkb.strings import plural
 
 CHUNKER_VERSION = "1"
 CAPTURED_BY = ("cli", "folder", "url", "context-menu", "side-panel", "toolbar", "import", "chat",
                "api", "sync")
-FETCH_TYPES = ("text/html", "application/xhtml+xml", "text/plain", "text/markdown", "application/pdf")
+FETCH_TYPES = ("text/html", "application/xhtml+xml", "text/plain", "text/markdown", "application/pdf",
+               *DOCUMENT_TYPES)
 __all__ = ["DEFAULT_EXCLUDES", "add_capture", "add_document", "add_paths", "ingest_documents",
            "list_sources", "remove_source"]
 
@@ -212,15 +216,18 @@ class IngestReport:
     def summary(self) -> str:
         """The final line: counts of sources by outcome, passages, time and rate."""
         t = self.totals()
-        by = t["by_status"]
         seen = t["files_seen"]
-        parts = [f"{by[st]} {st}" for st in SOURCE_STATUSES if by[st]]
+        parts = self.outcomes(t["by_status"])
         if self.pending:
             parts.append(f"{len(self.pending)} not reached")
         line = f"{plural(seen, 'source')}: " + (" · ".join(parts) or "nothing to do")
         rate = f", {self.tokens / self.elapsed_s:,.0f} tokens/s" if self.tokens and self.elapsed_s else ""
         line += (f" — {plural(self.passages, 'passage')} embedded in {clock(self.elapsed_s)}{rate}")
         return line
+
+    def outcomes(self, by: dict[str, int]) -> list[str]:
+        """The summary's counts of sources by outcome (``3 added``, ``1 skipped``)."""
+        return [f"{by[st]} {st}" for st in SOURCE_STATUSES if by[st]]
 
     @property
     def kept_line(self) -> str | None:
@@ -235,10 +242,6 @@ class IngestReport:
             line += (f"; {plural(len(self.staged), 'big source')} staged with {plural(n, 'passage')} "
                      "(the next run continues from there)")
         return line + "; run the same command to finish"
-
-
-def plural(n: int, word: str, many: str | None = None) -> str:
-    return f"{n:,} {word if n == 1 else (many or word + 's')}"
 
 
 def clock(seconds: float) -> str:
@@ -538,7 +541,10 @@ class _Job:
                 item.counted += step
                 self.progress.chunked(step, 0, 0)
 
-            doc, unit = open_file(path, on_read=on_read)
+            try:
+                doc, unit = open_file(path, on_read=on_read)
+            except EmptyDocument:  # blank: empty, as a 0-byte file is
+                return self.skipped_report(item, "empty")
             if unit == "pages" and doc.page_count:
                 per_unit["f"] = st.st_size / doc.page_count
             elif unit == "bytes":
@@ -1126,8 +1132,9 @@ def settle_status(rep: SourceReport, *, new: bool) -> None:
         rep.status = "failed"
         reasons = sorted({f["reason"] for f in rep.failures})
         rep.error = {"code": NothingWritten.code,
-                     "message": f"none of its {rep.total} passages could be saved "
-                                f"({'; '.join(reasons)[:400]})"}
+                     "message": ("its passage could not be saved" if rep.total == 1 else
+                                 f"none of its {rep.total:,} passages could be saved")
+                                + f" ({'; '.join(reasons)[:400]})"}
         rep.removed = 0  # nothing of it was written, so nothing was removed either
     elif rep.failed:
         rep.status = "partial"
@@ -1252,7 +1259,7 @@ def fetch_url(url: str, *, max_bytes: int, timeout: float) -> tuple[bytes, str, 
                 raise FetchFailed(f"{url}: the server answered HTTP {resp.status_code}")
             ctype = resp.headers.get("content-type", "").split(";")[0].strip().lower()
             if ctype and ctype not in FETCH_TYPES:
-                raise FetchFailed(f"{url}: content type {ctype} is not a page, text or PDF")
+                raise FetchFailed(f"{url}: content type {ctype} is not a type LocalKB reads")
             declared = int(resp.headers.get("content-length") or 0)
             if declared > max_bytes:
                 raise FetchFailed(f"{url}: {declared:,} bytes is over the {max_bytes:,}-byte cap")

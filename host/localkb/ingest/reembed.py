@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 from localkb.errors import Conflict
 from localkb.ingest.chunk import passage_text
 from localkb.store.base import KnowledgeBaseHandle, KnowledgeStore
+from localkb.strings import plural
 
 Progress = Callable[[dict], None]
 CancelCheck = Callable[[], None]
@@ -65,7 +66,7 @@ class ReembedReport:
     def summary(self) -> str:
         if not self.switched:
             return f"{self.name} already uses {self.to_model}"
-        return (f"{self.name}: {self.from_model} -> {self.to_model}, {self.chunks} chunks "
+        return (f"{self.name}: {self.from_model} -> {self.to_model}, {plural(self.chunks, 'chunk')} "
                 f"({self.embedded} embedded, {self.reused} reused from an earlier run, "
                 f"{self.caught_up} caught up)")
 

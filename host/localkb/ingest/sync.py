@@ -8,6 +8,13 @@ whose bytes reappear under another name is reported as renamed; its passages are
 not embedded again. If the folder itself is missing (an unmounted drive), nothing is
 removed and the sync fails with the reason.
 
+A knowledge base syncs one folder. Synced at a new path (the folder moved, or was copied),
+the files whose bytes a source of the old folder holds are moves: the new sources take the
+old ones' passages and vectors (a source's id follows its path, so the rows are copied and
+nothing is embedded again) and the old sources go. Sources a sync once stored under a
+folder it no longer syncs, not moved, are reported as ``unsynced`` and removed with
+``prune``.
+
 The folder and its include/exclude rules are remembered per knowledge base (in the
 knowledge base's ``settings``), so ``localkb sync KB`` and the host's ``kb.sync`` run it
 again. ``watch_folder`` syncs once, then again after each burst of changes (watchfiles,
@@ -22,7 +29,6 @@ from pathlib import Path
 
 from localkb.errors import InvalidInput
 from localkb.ingest.pipeline import CancelCheck, IngestReport, Progress, add_paths
-from localkb.store import ingest_staging as staging
 from localkb.store.kb import Change, KnowledgeBase
 
 #: Quiet time after the last change before a watch syncs (watchfiles' debounce), in ms.
@@ -35,22 +41,32 @@ class SyncReport(IngestReport):
 
     folder: str = ""
     removed_sources: list[dict] = field(default_factory=list)
+    #: Files of the folder found under another name (from, to), and files of a folder this
+    #: knowledge base synced before found in this one: their passages were kept.
     renamed: list[tuple[str, str]] = field(default_factory=list)
+    moved: list[tuple[str, str]] = field(default_factory=list)
+    #: Sources a sync stored under a folder it no longer syncs (kept until ``prune``).
+    unsynced: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         out = super().to_dict()
         out.update(folder=self.folder, removed_sources=self.removed_sources,
-                   renamed=[{"from": a, "to": b} for a, b in self.renamed])
+                   renamed=[{"from": a, "to": b} for a, b in self.renamed],
+                   moved=[{"from": a, "to": b} for a, b in self.moved], unsynced=self.unsynced)
         return out
 
-    @property
-    def summary(self) -> str:
-        line = super().summary
-        if self.removed_sources:
-            line += f" · {len(self.removed_sources)} removed"
-        if self.renamed:
-            line += f" ({len(self.renamed)} renamed)"
-        return line
+    def outcomes(self, by: dict[str, int]) -> list[str]:
+        # A renamed or moved file is stored as an added source; it is counted as what it is.
+        by = {**by, "added": by["added"] - len(self.renamed) - len(self.moved)}
+        parts = super().outcomes(by)
+        for n, what in ((len(self.renamed), "renamed"), (len(self.moved), "moved"),
+                        (len(self.removed_sources), "removed")):
+            if n:
+                parts.append(f"{n} {what}")
+        if self.unsynced:
+            parts.append(f"{len(self.unsynced)} from a folder no longer synced (--prune removes "
+                         f"{'it' if len(self.unsynced) == 1 else 'them'})")
+        return parts
 
 
 @dataclass(frozen=True)
@@ -104,8 +120,9 @@ def resolve_rules(kb: KnowledgeBase, folder: str | Path | None, include: Iterabl
 def sync_folder(kb: KnowledgeBase, folder: str | Path | None = None, *,
                 include: Iterable[str] | None = None, exclude: Iterable[str] | None = None,
                 max_bytes: int | None = None, progress: Progress | None = None,
-                check_cancelled: CancelCheck | None = None) -> SyncReport:
-    """Make ``kb`` match the folder; see the module docstring."""
+                check_cancelled: CancelCheck | None = None, prune: bool = False) -> SyncReport:
+    """Make ``kb`` match the folder; see the module docstring. ``prune`` removes the sources
+    of folders it no longer syncs."""
     rules = resolve_rules(kb, folder, include, exclude)
     base = add_paths(kb, [str(rules.folder)], captured_by="sync", include=rules.include,
                      exclude=rules.exclude, progress=progress, check_cancelled=check_cancelled,
@@ -118,24 +135,33 @@ def sync_folder(kb: KnowledgeBase, folder: str | Path | None = None, *,
     # (their stored version stays); everything else under the folder goes.
     keep = {"file:" + str(Path(s.name).resolve()) for s in report.sources if s.status != "skipped"}
     prefix = "file:" + str(rules.folder).rstrip("/") + "/"
-    stored = kb.catalog.db.execute(
-        "SELECT s.id, s.key, s.title, f.sha256 FROM sources s LEFT JOIN source_files f ON f.source_id = s.id "
-        "WHERE s.kb_id = ? AND substr(s.key, 1, ?) = ?", (kb.id, len(prefix), prefix)).fetchall()
-    stale = [r for r in stored if r["key"] not in keep]
-    if stale:
-        report.removed_sources = _remove(kb, stale)
-        added = {s.name: s for s in report.sources if s.status == "added"}
-        if added:
-            staging.ensure_tables(kb.store)
-            new_hashes = {}
-            for name, s in added.items():
-                row = kb.catalog.db.execute("SELECT sha256 FROM source_files WHERE source_id = ?",
-                                            (s.source_id,)).fetchone()
-                if row:
-                    new_hashes.setdefault(row[0], name)
-            for r in stale:
-                if r["sha256"] and r["sha256"] in new_hashes:
-                    report.renamed.append((r["key"][5:], new_hashes.pop(r["sha256"])))
+    rows = kb.catalog.db.execute(
+        "SELECT s.id, s.key, s.title, s.captured_by, f.sha256 FROM sources s "
+        "LEFT JOIN source_files f ON f.source_id = s.id WHERE s.kb_id = ? AND s.key LIKE 'file:%'",
+        (kb.id,)).fetchall()
+    inside = [r for r in rows if r["key"].startswith(prefix)]
+    stale = [r for r in inside if r["key"] not in keep]
+    # What a sync stored under another folder: this knowledge base synced it before.
+    elsewhere = [r for r in rows if not r["key"].startswith(prefix) and r["captured_by"] == "sync"]
+    added = {s.source_id for s in report.sources if s.status == "added"}
+    new_hashes: dict[str, str] = {}
+    for r in inside:
+        if r["id"] in added and r["sha256"]:
+            new_hashes.setdefault(r["sha256"], r["key"][5:])
+    gone: list = []
+    for r, here in [(r, True) for r in stale] + [(r, False) for r in elsewhere]:
+        if r["sha256"] and r["sha256"] in new_hashes:  # its passages were copied to the new source
+            (report.renamed if here else report.moved).append((r["key"][5:], new_hashes.pop(r["sha256"])))
+            gone.append(r)
+        elif here or prune:
+            report.removed_sources.append(r)
+            gone.append(r)
+        else:
+            report.unsynced.append(r["key"][5:])
+    if gone:
+        removed = _remove(kb, gone)
+        dropped = {r["id"] for r in report.removed_sources}
+        report.removed_sources = [d for d in removed if d["source_id"] in dropped]
     return report
 
 

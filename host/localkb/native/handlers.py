@@ -208,7 +208,7 @@ def h_kb_sync(data: dict, ctx) -> dict:
 
     kb = get_store().open_kb(req_str(data, "kb", max_len=200))
     report = sync_folder(kb, None, progress=lambda ev: ctx.emit("progress", ev),
-                         check_cancelled=ctx.check_cancelled)
+                         check_cancelled=ctx.check_cancelled, prune=req_bool(data, "prune"))
     out = {**report.to_dict(), "kb": kb.id, "kb_name": kb.record.name}
     if report.interrupted:
         raise Cancelled(report.kept_line or "cancelled",

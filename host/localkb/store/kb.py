@@ -73,7 +73,7 @@ from localkb.store.keywords import KeywordHit
 from localkb.store.listing import vector_file
 from localkb.store.vectors import VectorHits, VectorIndex, remove_index, remove_other_models
 from localkb.store.vectors import compact as compact_vectors
-from localkb.strings import KB_NAME_MAX, clean_name, string_problem
+from localkb.strings import KB_NAME_MAX, clean_name, have, plural, string_problem
 
 PRIVACY = ("device", "cloud")
 #: The orders sources are listed in (fixed ORDER BY clauses).
@@ -881,7 +881,7 @@ class KnowledgeBase(KnowledgeBaseHandle):
             left = db.execute(_MISSING.replace("SELECT c.id", "SELECT COUNT(*)"),
                               (model, self.id)).fetchone()[0]
             if left:
-                raise EmbeddingUnavailable(f"{left} chunks have no {model} vector; nothing was switched")
+                raise EmbeddingUnavailable(f"{have(left, 'chunk')} no {model} vector; nothing was switched")
             db.execute(
                 "UPDATE chunks SET vector = (SELECT r.vector FROM reembed_staging r "
                 "WHERE r.kb_id = chunks.kb_id AND r.chunk_id = chunks.id) "
@@ -905,18 +905,20 @@ class KnowledgeBase(KnowledgeBaseHandle):
         report = {"kb": self.id, "name": self.record.name, "chunks": len(rows), "valid_vectors": valid,
                   "generation": self.catalog.generation(self.id), "problems": []}
         if valid != len(rows):
-            report["problems"].append(f"{len(rows) - valid} chunks have invalid vectors")
+            report["problems"].append(f"{have(len(rows) - valid, 'chunk')} invalid vectors")
         orphan = db.execute(
             "SELECT COUNT(*) FROM chunks c LEFT JOIN sources s ON s.id = c.source_id "
             "WHERE c.kb_id = ? AND s.id IS NULL", (self.id,)).fetchone()[0]
         if orphan:
-            report["problems"].append(f"{orphan} chunks belong to no source")
+            report["problems"].append(f"{plural(orphan, 'chunk')} "
+                                           f"belong{'s' if orphan == 1 else ''} to no source")
         over = db.execute(
             "SELECT COUNT(*) FROM sources s WHERE s.kb_id = ? AND "
             "(SELECT COUNT(*) FROM chunks c WHERE c.source_id = s.id) > s.chunk_count",
             (self.id,)).fetchone()[0]
         if over:
-            report["problems"].append(f"{over} sources have more chunks than they should")
+            report["problems"].append(f"{have(over, 'source')} more chunks than "
+                                           f"{'it' if over == 1 else 'they'} should")
         gen = report["generation"]
         pruned = self._pruned_through()
         report["notes"] = []

@@ -347,6 +347,7 @@ def upload_items(kb: RemoteKB, items: list[str], *, settings, include=(), exclud
     """
     import base64
 
+    from localkb.ingest.documents import kind_of
     from localkb.ingest.files import walk_folder
     from localkb.ingest.pipeline import IngestReport, SourceReport, fetch_url
 
@@ -385,7 +386,10 @@ def upload_items(kb: RemoteKB, items: list[str], *, settings, include=(), exclud
                 url = path.resolve().as_uri()
                 is_pdf, is_html = path.suffix.lower() in _AS_PDF, path.suffix.lower() in _AS_HTML
             fields_: dict[str, Any] = {"url": url, "captured_by": "cli", "access": access}
-            if is_pdf:
+            if path is not None and kind_of(path.name) is not None:  # a document: its bytes and name
+                fields_["file_base64"] = base64.b64encode(body).decode("ascii")
+                fields_["file_name"] = path.name
+            elif is_pdf:
                 fields_["pdf_base64"] = base64.b64encode(body).decode("ascii")
             else:
                 text = body.decode("utf-8", errors="replace")

@@ -101,6 +101,7 @@ class TeamChat:
         self.cache = AnswerCache(threshold=threshold if threshold is not None else 1.0)
         self.semantic = threshold is not None
         self.limiter = RateLimiter(api.db, config.caps)
+        self.limiter.seed()  # the first server's caps; after that the database's
         self.log = QueryLog(api.db)
         self._lock = threading.Lock()
 
@@ -191,6 +192,9 @@ class TeamChat:
         stream = req_bool(data, "stream") or "text/event-stream" in (req.headers.get("Accept") or "")
 
         def turn(emit=None) -> dict:
+            if emit is not None:  # the stages so far; run_turn's follow as each is over (live page)
+                for stage in ("guard_in", "limits", "access"):
+                    emit("stage", {"stage": stage, "ms": stages[stage]})
             try:
                 result = run_turn(
                     store, kbs, message, history=history, endpoint=self.config.endpoint,
@@ -198,7 +202,8 @@ class TeamChat:
                     reranker=self.api.reranker, scope=("access", access.key()),
                     on_step=(lambda s: emit("step", s)) if emit else None,
                     on_token=(lambda t: emit("token", {"text": t})) if emit else None,
-                    on_provenance=(lambda ids: emit("provenance", {"kbs": ids})) if emit else None)
+                    on_provenance=(lambda ids: emit("provenance", {"kbs": ids})) if emit else None,
+                    on_stage=(lambda stage, ms: emit("stage", {"stage": stage, "ms": ms})) if emit else None)
                 out = result.to_dict()
                 t1 = time.perf_counter()
                 checked = check_output(out, store)

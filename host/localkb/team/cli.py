@@ -18,6 +18,7 @@ from pathlib import Path
 
 from localkb.config import Settings
 from localkb.errors import InvalidInput
+from localkb.strings import plural
 
 
 def _settings() -> Settings:
@@ -127,14 +128,29 @@ def cmd_db(args, out) -> int:
     return 0 if running else 1
 
 
+# -- caps -------------------------------------------------------------------------------
+def cmd_caps(args, out) -> int:
+    """``team caps show|set NAME VALUE``: the caps every server reads from the database."""
+    from localkb.team.limits import RateLimiter
+
+    with admin_database(args) as db:
+        limiter = RateLimiter(db)
+        caps = limiter.set(args.name, args.value) if args.action == "set" else limiter.current()
+    shown = RateLimiter.public(caps)
+    out.emit(shown, "\n".join(f"{k.replace('_', '-'):<16} {v if v else 'off'}" for k, v in shown.items()))
+    return 0
+
+
 # -- serve ------------------------------------------------------------------------------
 def cmd_serve(args, out) -> int:
     import logging
 
+    from localkb.team import proxies
     from localkb.team.hosts import HostNames
     from localkb.team.server import serve
 
     HostNames.of(args.allowed_host or ())  # a bad name is refused before PostgreSQL starts
+    proxies.networks(args.trusted_proxy or ())  # and so is a bad network
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
@@ -153,7 +169,8 @@ def cmd_serve(args, out) -> int:
     serve(args.db or os.environ.get("LOCALKB_TEAM_DB"), team_dir=_team_dir(args), host=args.host,
           port=args.port, name=args.name, settings=_settings(), ready=ready, stop=stop,
           chat=chat_config(args), rerank_model=args.rerank_model,
-          allowed_hosts=tuple(args.allowed_host or ()))
+          allowed_hosts=tuple(args.allowed_host or ()),
+          trusted_proxies=tuple(args.trusted_proxy or ()))
     print("localkb team server stopped", flush=True)
     return 0
 
@@ -175,7 +192,9 @@ def chat_config(args):
               else Policy(max_chars=args.max_chars))
     if args.semantic_threshold is not None and not 0.0 < args.semantic_threshold <= 1.0:
         raise InvalidInput("--semantic-threshold is a cosine from 0 (exclusive) to 1")
-    return ChatConfig(endpoint=endpoint, caps=Caps(args.daily_cap_user, args.daily_cap_address),
+    caps = Caps(args.daily_cap_user, args.daily_cap_address, args.daily_cap_service,
+                args.minute_cap_user, args.minute_cap_address)
+    return ChatConfig(endpoint=endpoint, caps=caps,
                       policy=policy, semantic_threshold=args.semantic_threshold)
 
 
@@ -365,7 +384,7 @@ def cmd_set_access(args, out) -> int:
     if not getattr(kb, "remote", False):
         raise InvalidInput(f"{kb.record.name!r} is a local knowledge base: access levels are a team's")
     res = kb.set_access(args.source, args.level)
-    out.emit(res, f"{res['title']}: {res['was']} -> {res['access']} ({res['chunks']} passages)")
+    out.emit(res, f"{res['title']}: {res['was']} -> {res['access']} ({plural(res['chunks'], 'passage')})")
     return 0
 
 
@@ -397,9 +416,19 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
     c.add_argument("--rerank-model", default=None,
                    help="a cross-encoder ONNX file (tokenizer.json beside it) for the top 50")
     c.add_argument("--daily-cap-user", type=int, default=500,
-                   help="chat requests per user per UTC day (0: off)")
+                   help="chat requests per user per UTC day (0: off); the first server's "
+                   "caps fill in the database, `localkb team caps set` changes them")
     c.add_argument("--daily-cap-address", type=int, default=2000,
                    help="chat requests per client address per UTC day (0: off)")
+    c.add_argument("--daily-cap-service", type=int, default=0,
+                   help="chat requests for the whole service per UTC day (0: off)")
+    c.add_argument("--minute-cap-user", type=int, default=0,
+                   help="chat and search requests per user per minute (0: off)")
+    c.add_argument("--minute-cap-address", type=int, default=0,
+                   help="chat and search requests per client address per minute (0: off)")
+    c.add_argument("--trusted-proxy", action="append", metavar="CIDR",
+                   help="a TLS proxy's address or network whose X-Forwarded-For names the client "
+                   "(repeatable); caps and the log then count the client, not the proxy")
     c.add_argument("--deny-list", default=None, help="a file of refused phrases or `name: regex` lines")
     c.add_argument("--max-chars", type=int, default=4000, help="longest chat message accepted")
     c.add_argument("--semantic-threshold", type=float, default=None,
@@ -412,6 +441,15 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
                              ("status", "whether it runs (exit 1 when not), and its URL")):
         c = dbs.add_parser(action, parents=[common, db], help=helptext)
         c.set_defaults(func=cmd_db)
+    capsp = ts.add_parser("caps", help="request caps every server reads from the database")
+    cs = capsp.add_subparsers(dest="action", required=True)
+    c = cs.add_parser("show", parents=[common, db])
+    c.set_defaults(func=cmd_caps)
+    c = cs.add_parser("set", parents=[common, db], help="change one cap (0: off), for every server at once")
+    c.add_argument("name", choices=["user-day", "address-day", "service-day", "user-minute",
+                                    "address-minute"])
+    c.add_argument("value", type=int)
+    c.set_defaults(func=cmd_caps)
     c = ts.add_parser("log", parents=[common, db], help="the team chat query log: list or export")
     c.add_argument("action", choices=["list", "export"])
     c.add_argument("--user", default=None, help="only this user's queries")

@@ -205,6 +205,23 @@ CREATE TABLE rate_counts (
 ALTER TABLE sources DROP CONSTRAINT sources_kb_id_key_key;
 CREATE INDEX sources_kb_key ON sources (kb_id, key);
 """),
+    # Caps every server reads on every request (``limits.RateLimiter``), and per-minute
+    # counters beside the daily ones (rows older than an hour are swept as new ones start).
+    (40, "caps in the database; per-minute rate windows", """
+CREATE TABLE caps (
+    name text PRIMARY KEY,
+    value integer NOT NULL CHECK (value >= 0),
+    updated_at double precision NOT NULL
+);
+CREATE TABLE rate_windows (
+    scope text NOT NULL,
+    key text NOT NULL,
+    window_start timestamptz NOT NULL,
+    count integer NOT NULL,
+    PRIMARY KEY (scope, key, window_start)
+);
+CREATE INDEX rate_windows_start ON rate_windows (window_start);
+"""),
 )
 
 

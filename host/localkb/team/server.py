@@ -21,6 +21,7 @@ past it is read. The Host header is checked first (``hosts.py``: DNS rebinding).
     POST   /v1/search                              {kbs, query, k?, mode?, cutoff?, per_source?, ...}
     GET    /v1/kbs/{kb}/sources?offset=&limit=     the sources the caller may see
     POST   /v1/kbs/{kb}/sources                    {url?, title?, html|text|pdf_base64, access?}: report
+                                                   (or file_base64 with file_name: any type add reads)
     PATCH  /v1/kbs/{kb}/sources/{source}           {access}
     DELETE /v1/kbs/{kb}/sources/{source}
     GET    /v1/kbs/{kb}/passages?source=&index=&radius=   a passage with its neighbours
@@ -61,7 +62,9 @@ from localkb.errors import (
     TooLarge,
 )
 from localkb.inputs import b64_bytes, parse_object, req_bool, req_int, req_kbs, req_str
+from localkb.team import proxies
 from localkb.team.access import Access, Directory, level_of, require_admin
+from localkb.team.admin import TeamAdmin
 from localkb.team.db import Database, mapped
 from localkb.team.hosts import HostNames
 from localkb.team.schema import LEVELS
@@ -139,10 +142,13 @@ class TeamAPI:
 
     def __init__(self, db: Database, settings: Settings, *, name: str = "team",
                  max_import_bytes: int = MAX_IMPORT_BYTES, max_json_bytes: int = MAX_JSON_BYTES,
-                 chat=None, allowed_hosts: tuple[str, ...] = ()) -> None:
+                 chat=None, allowed_hosts: tuple[str, ...] = (),
+                 trusted_proxies: tuple[str, ...] = ()) -> None:
         self.db = db
         #: The Host names answered beside loopback ones (``hosts.py``: DNS rebinding).
         self.hosts = HostNames.of(allowed_hosts)
+        #: Proxies whose X-Forwarded-For is believed (``team/proxies.py``).
+        self.trusted_proxies = proxies.networks(trusted_proxies)
         self.settings = settings
         self.name = name
         self.directory = Directory(db)
@@ -173,6 +179,9 @@ class TeamAPI:
         #: Team chat (``team/chat.py``): its routes join these; ``chat`` is its ``ChatConfig``.
         self.chat = TeamChat(self, chat or ChatConfig())
         self.routes += self.chat.routes()
+        #: The administrators' page and its API (``team/admin.py``).
+        self.admin = TeamAdmin(self)
+        self.routes += self.admin.routes()
 
     # -- dispatch -------------------------------------------------------------------------
     def dispatch(self, req: Request) -> tuple[int, Any]:
@@ -258,12 +267,20 @@ class TeamAPI:
                                    or not -1.0 <= cutoff <= 1.0):
             raise InvalidInput("'cutoff' must be a number from -1 to 1", detail={"field": "cutoff"})
         floor = req_bool(data, "floor", True)
+        started = time.perf_counter()
+        # Counted like a chat (the per-minute caps) before anything runs, and logged after it.
+        self.chat.limiter.take(req.access.user_id, req.address, kind="search")
         res = Searcher(self.store(req), reranker=self.reranker).search(
             req_kbs(data), req_str(data, "query", max_len=4000), k=req_int(data, "k", 8, lo=1, hi=100),
             mode=req_str(data, "mode", required=False, max_len=20) or "hybrid", cutoff=cutoff,
             floor=floor, per_source=req_int(data, "per_source", 0, lo=0, hi=100) or None,
             rerank=self.reranker is not None)
         out = res.to_dict()
+        self.chat.log.record(
+            req.access, address=req.address, kind="team-search", query=res.query,
+            kbs=[st["kb"] for st in out["statuses"] if st["status"] != "skipped"], outcome="answered",
+            citations=[{"n": i, **h} for i, h in enumerate(out["hits"], 1)],
+            total_ms=(time.perf_counter() - started) * 1000)
         if req_bool(data, "include_weaker"):
             out["hits"] = out["hits"] + out["weaker"]
         out["team"] = self.name
@@ -292,7 +309,8 @@ class TeamAPI:
             title=req_str(data, "title", required=False, max_len=2000, allow_empty=True),
             html=req_str(data, "html", required=False, max_len=MAX_TEXT),
             text=req_str(data, "text", required=False, max_len=MAX_TEXT),
-            pdf=b64_bytes(data, "pdf_base64"), captured_by=captured_by,
+            pdf=b64_bytes(data, "pdf_base64"), file=b64_bytes(data, "file_base64"),
+            file_name=req_str(data, "file_name", required=False, max_len=1000), captured_by=captured_by,
             canonical_url=req_str(data, "canonical_url", required=False, max_len=8192),
             lang=req_str(data, "lang", required=False, max_len=35))
         out = {**report.to_dict(), "kb": handle.id, "kb_name": handle.record.name}
@@ -419,7 +437,9 @@ def _handler_class(api: TeamAPI):
                                  strict_parsing=False)
                 req = Request(self.command, split.path, query, self.headers, self._read_body,
                               json_cap=api.max_json_bytes)
-                req.address = self.client_address[0]
+                req.address = proxies.client_address(self.client_address[0],
+                                                     self.headers.get_all("X-Forwarded-For"),
+                                                     api.trusted_proxies)
                 status, result = api.dispatch(req)
             except LocalKBError as err:
                 status = 411 if isinstance(err, _LengthRequired) else STATUS.get(err.code, 500)
@@ -542,7 +562,8 @@ class TeamServer(ThreadingHTTPServer):
 
 def serve(db_url: str | None, *, team_dir, host: str, port: int, name: str, settings: Settings,
           ready: Callable[[str], None] | None = None, stop: threading.Event | None = None,
-          chat=None, rerank_model: str | None = None, allowed_hosts: tuple[str, ...] = ()) -> None:
+          chat=None, rerank_model: str | None = None, allowed_hosts: tuple[str, ...] = (),
+          trusted_proxies: tuple[str, ...] = ()) -> None:
     """Run the team server until ``stop`` is set (the CLI sets it on SIGINT/SIGTERM).
 
     With no ``db_url`` the embedded PostgreSQL in ``team_dir`` is started first and stopped
@@ -563,7 +584,8 @@ def serve(db_url: str | None, *, team_dir, host: str, port: int, name: str, sett
     try:
         db = Database(db_url)
         try:
-            api = TeamAPI(db, settings, name=name, chat=chat, allowed_hosts=allowed_hosts)
+            api = TeamAPI(db, settings, name=name, chat=chat, allowed_hosts=allowed_hosts,
+                          trusted_proxies=trusted_proxies)
             if rerank_model:
                 from pathlib import Path
 

@@ -68,6 +68,7 @@ from localkb.store.base import (
 from localkb.store.catalog import KBRecord, chunk_id, source_id, vector_key
 from localkb.store.keywords import KeywordHit
 from localkb.store.vectors import EXPANSION_PER_CANDIDATE, VectorHits
+from localkb.strings import have
 from localkb.team.access import Access, require_admin
 from localkb.team.db import Database
 from localkb.team.schema import LEVELS, hnsw_index_sql
@@ -985,7 +986,7 @@ class TeamKnowledgeBase(KnowledgeBaseHandle):
                 "AND r.chunk_id = c.id AND r.model = %s AND r.text_hash = c.text_hash "
                 "WHERE c.kb_id = %s AND r.chunk_id IS NULL", (model, self.id)).fetchone()["n"]
             if left:
-                raise EmbeddingUnavailable(f"{left} chunks have no {model} vector; nothing was switched")
+                raise EmbeddingUnavailable(f"{have(left, 'chunk')} no {model} vector; nothing was switched")
             conn.execute("UPDATE chunks c SET embedding = r.embedding, dim = %s FROM reembed_staging r "
                          "WHERE r.kb_id = c.kb_id AND r.chunk_id = c.id AND c.kb_id = %s", (dim, self.id))
             conn.execute("UPDATE kbs SET model = %s, dim = %s, generation = generation + 1 WHERE id = %s",

@@ -4,7 +4,9 @@
 import { readSSE } from "./sse.js";
 
 const $ = (sel) => document.querySelector(sel);
-const state = { token: sessionStorage.getItem("localkb-team-token") || "", kbs: [] };
+const state = { token: sessionStorage.getItem("localkb-team-token") || "", kbs: [], history: [] };
+/** The order stages are listed in, live or from the result. */
+const STAGE_ORDER = ["guard_in", "limits", "access", "cache", "rewrite", "embed", "vector", "keyword", "fuse", "rerank", "generate", "guard_out", "log"];
 
 function el(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
@@ -63,6 +65,8 @@ function renderAccess(me) {
   for (const [id, grant] of Object.entries(me.knowledge_bases || {})) {
     body.append(el("tr", {}, el("td", { text: names[id] || id }), el("td", { text: grant.level }), el("td", { text: grant.write ? "yes" : "no" })));
   }
+  const grants = Object.entries(me.knowledge_bases || {});
+  $("#access-line").textContent = me.admin ? "· administrator" : `· ${grants.length} knowledge base${grants.length === 1 ? "" : "s"}`;
 }
 
 function renderKbs() {
@@ -79,6 +83,22 @@ function badge(text, kind, title) {
   return el("span", { class: `badge ${kind}`, text, title });
 }
 
+/** One stage's row, added or updated as the turn goes (bars rescaled to the slowest so far). */
+function showStage(stage, ms) {
+  const body = $("#stages tbody");
+  let row = body.querySelector(`tr[data-stage="${stage}"]`);
+  if (!row) {
+    row = el("tr", { "data-stage": stage }, el("td", { text: stage }), el("td", { class: "num" }), el("td", { class: "bar" }, el("span")));
+    const after = [...body.children].find((r) => STAGE_ORDER.indexOf(r.dataset.stage) > STAGE_ORDER.indexOf(stage));
+    body.insertBefore(row, after ?? null);
+  }
+  row.dataset.ms = String(ms);
+  row.querySelector("td.num").textContent = Number(ms).toFixed(1);
+  const rows = [...body.children];
+  const max = Math.max(1, ...rows.map((r) => Number(r.dataset.ms)));
+  for (const r of rows) r.querySelector("td.bar span").style.width = `${Math.max(0.5, (100 * Number(r.dataset.ms)) / max)}%`;
+}
+
 function renderPipeline(result) {
   const p = result.pipeline;
   const badges = $("#badges");
@@ -90,14 +110,7 @@ function renderPipeline(result) {
   badges.append(badge(`guard: ${p.guard.citations} citation${p.guard.citations === 1 ? "" : "s"} checked`, "hit"));
   const left = p.limits.remaining.user;
   if (left !== null && left !== undefined) badges.append(badge(`${left} requests left today`, left < 5 ? "warn" : "miss"));
-  const body = $("#stages tbody");
-  body.replaceChildren();
-  const max = Math.max(1, ...p.stages.map((s) => s.ms));
-  for (const s of p.stages) {
-    const bar = el("span");
-    bar.style.width = `${Math.max(0.5, (100 * s.ms) / max)}%`;
-    body.append(el("tr", { "data-stage": s.stage }, el("td", { text: s.stage }), el("td", { class: "num", text: s.ms.toFixed(1) }), el("td", { class: "bar" }, bar)));
-  }
+  for (const st of p.stages) showStage(st.stage, st.ms);
   $("#total").textContent = `Total ${p.total_ms.toFixed(0)} ms · query log #${p.log_id}`;
   const r = p.rerank;
   const table = $("#rerank");
@@ -113,7 +126,7 @@ function renderPipeline(result) {
     const ms = p.stages.find((s) => s.stage === "rerank")?.ms ?? 0;
     $("#rerank-note").textContent = `${r.model}: ${r.scored} pairs scored (top ${r.top}) in ${ms.toFixed(1)} ms`;
     table.hidden = false;
-    for (const row of r.order.slice(0, 20)) {
+    for (const row of r.order.slice(0, 10)) {
       const moved = row.before - row.after;
       rows.append(el("tr", {}, el("td", { class: "num", text: String(row.before) }),
         el("td", { class: `num ${moved > 0 ? "up" : moved < 0 ? "down" : ""}`, text: `${row.after}${moved > 0 ? ` ▲${moved}` : moved < 0 ? ` ▼${-moved}` : ""}` }),
@@ -131,18 +144,30 @@ async function ask(message) {
   const item = el("li", { class: "assistant" }, answer, steps);
   turns.append(item);
   $("#send").disabled = true;
+  // This turn's stages fill in as they finish; the earlier turns go with it, so a follow-up
+  // ("and what about it?") can be rewritten with what it refers to.
+  $("#stages tbody").replaceChildren();
+  $("#total").textContent = "Running…";
+  const history = state.history.slice(-8);
   try {
-    const resp = await api("/v1/chat", { method: "POST", body: JSON.stringify({ kbs, message, stream: true }), headers: { Accept: "text/event-stream" } });
+    const resp = await api("/v1/chat", { method: "POST", body: JSON.stringify({ kbs, message, history, stream: true }), headers: { Accept: "text/event-stream" } });
     await readSSE(resp, ({ data }) => {
       const frame = JSON.parse(data);
       if (frame.event === "step") steps.append(el("li", { text: frame.data.line || frame.data.message }));
+      else if (frame.event === "stage") showStage(frame.data.stage, frame.data.ms);
       else if (frame.event === "token") answer.textContent += frame.data.text;
       else if (frame.event === "result") {
         answer.textContent = frame.data.answer;
         item.append(el("p", { class: "muted", text: frame.data.answer_line }));
         if (frame.data.citations.length) {
-          item.append(el("ul", { class: "cites" }, ...frame.data.citations.map((c) => el("li", { text: `[${c.n}] ${c.title} (${c.kb_name})` }))));
+          item.append(el("ul", { class: "cites" }, ...frame.data.citations.map((c) => el("li", {},
+            /^https?:\/\//i.test(c.url ?? "")
+              ? el("a", { href: c.url, target: "_blank", rel: "noopener noreferrer", text: `[${c.n}] ${c.title}` })
+              : `[${c.n}] ${c.title}`,
+            ` (${c.kb_name})`))));
         }
+        state.history.push({ role: "user", content: message },
+          { role: "assistant", content: frame.data.answer, kbs: frame.data.kbs ?? [] });
         renderPipeline(frame.data);
       } else if (frame.event === "error") {
         item.className = "error";
