@@ -13,6 +13,7 @@ import base64
 import json
 import re
 from collections.abc import Iterator
+from email.message import EmailMessage
 from pathlib import Path
 
 import pytest
@@ -88,8 +89,13 @@ def files(tmp_module: Path) -> dict[str, tuple[str, bytes]]:
     pdf = make_pdf(tmp_module / "boiler-manual.pdf", [
         "Boiler manual. The boiler pressure must stay between 1.2 and 2.5 bar when cold.",
         "Bleed every radiator each autumn, starting with the one nearest the boiler."]).read_bytes()
+    mail = EmailMessage()  # an e-mail: one of the document formats the host reads (README Formats)
+    mail["Subject"] = "Chimney sweep visit"
+    mail["From"] = "Sweep <sweep@example.org>"
+    mail.set_content("The chimney sweep comes on the second Friday of October; clear the hearth first.")
     return {"boiler-manual.pdf": ("application/pdf", pdf), "kettle.html": ("text/html", HTML),
-            "bike-notes.md": ("text/markdown", MARKDOWN), "diagram.png": ("image/png", PNG)}
+            "bike-notes.md": ("text/markdown", MARKDOWN), "sweep.eml": ("message/rfc822", bytes(mail)),
+            "diagram.png": ("image/png", PNG)}
 
 
 def _open_panel(browser: ExtensionBrowser, width: int = 400):
@@ -179,27 +185,28 @@ def test_dropped_and_chosen_files_are_added_with_reports_and_answer_with_a_citat
     _shots(panel, "panel-drop-target")
     panel.evaluate("() => document.dispatchEvent(new DragEvent('dragleave', {bubbles: true}))")
     assert panel.locator("#drop-target").is_hidden()
-    dropped = _drag_files(panel, {k: files[k] for k in ("boiler-manual.pdf", "kettle.html")})
+    dropped = _drag_files(panel, {k: files[k] for k in ("boiler-manual.pdf", "kettle.html", "sweep.eml")})
     assert dropped["hiddenAfter"] is True, dropped
     # The keyboard's way: "Add files…" opens a file input.
     with panel.expect_file_chooser() as chooser:
         panel.click("#add-files")
     chooser.value.set_files([{"name": "bike-notes.md", "mimeType": "text/markdown", "buffer": MARKDOWN}])
 
-    jobs = _jobs(panel, ["boiler-manual.pdf", "kettle.html", "bike-notes.md"])
+    jobs = _jobs(panel, ["boiler-manual.pdf", "kettle.html", "sweep.eml", "bike-notes.md"])
     for name, job in jobs.items():
         assert job["state"] == "done", (name, jobs)
         assert re.fullmatch(r"Household: \d+ passages? added", job["line"]), (name, jobs)
     rows = catalog_rows(home, "SELECT file_name, captured_by, chunk_count FROM sources WHERE kb_id = ? "
                               "ORDER BY file_name", (drops_kb["id"],))
     assert [(r["file_name"], r["captured_by"]) for r in rows] == [
-        ("bike-notes.md", "side-panel"), ("boiler-manual.pdf", "side-panel"), ("kettle.html", "side-panel")]
+        ("bike-notes.md", "side-panel"), ("boiler-manual.pdf", "side-panel"), ("kettle.html", "side-panel"),
+        ("sweep.eml", "side-panel")]
     counts = {r["file_name"]: r["chunk_count"] for r in rows}
     for name, job in jobs.items():
         assert job["line"] == f"Household: {counts[name]} passage{'' if counts[name] == 1 else 's'} added"
     status = panel.locator("#save-status").inner_text()
-    assert status.startswith(("bike-notes.md · Household:", "boiler-manual.pdf · Household:",
-                              "kettle.html · Household:")), status
+    newest = r"(bike-notes\.md|boiler-manual\.pdf|kettle\.html|sweep\.eml) · Household: "
+    assert re.match(newest, status), status
     _shots(panel, "panel-dropped-files")
 
     # A question answers from them, with a citation of the dropped file.
