@@ -10,7 +10,6 @@ answers in the panel. See ``test_browser`` for how the browser and the host are 
 from __future__ import annotations
 
 import base64
-import json
 import re
 from collections.abc import Iterator
 from email.message import EmailMessage
@@ -20,25 +19,16 @@ import pytest
 
 from browser_helpers import (
     ExtensionBrowser,
+    browser_with_host,
     catalog_rows,
-    chromium_path,
-    extension_copy,
-    extension_id,
-    register_host,
-    write_launcher,
+    host_request,
+    skip_without_a_browser,
 )
 from conftest import make_pdf
 from fakellm import FakeLLM
 
 pytestmark = pytest.mark.browser
-
-if chromium_path() is None:
-    pytest.skip("NO CHROMIUM INSTALLED: the copilot browser tests did NOT run "
-                "(`apt-get install -y chromium`).", allow_module_level=True)
-try:
-    import playwright.sync_api  # noqa: F401
-except ImportError:  # pragma: no cover - the dev extra installs it
-    pytest.skip("PLAYWRIGHT NOT INSTALLED: `pip install -e .[dev]`.", allow_module_level=True)
+skip_without_a_browser("the copilot browser tests (dropped files, endpoint set-up)")
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 WIDTHS = (320, 400, 600)
@@ -64,18 +54,11 @@ def home(tmp_module: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def browser(tmp_module: Path, home: Path) -> Iterator[ExtensionBrowser]:
-    from playwright.sync_api import sync_playwright
-
-    ext = extension_copy(tmp_module / "extension", host_permissions=["http://127.0.0.1/*"])
-    profile = tmp_module / "profile"
-    launcher = write_launcher(tmp_module / "localkb-host", home)
-    register_host(profile, launcher, extension_id(json.loads((ext / "manifest.json").read_text())))
-    with sync_playwright() as pw, ExtensionBrowser(pw, ext, profile) as b:
+    with browser_with_host(tmp_module, home) as b:
         yield b
 
 
-def _host(browser: ExtensionBrowser, type_: str, data: dict | None = None):
-    return browser.worker_eval("([t, d]) => localkb.host.request(t, d)", [type_, data or {}])
+_host = host_request
 
 
 @pytest.fixture(scope="module")
