@@ -7,7 +7,7 @@ DEMO   := demo-data
 # Built ONNX models, shared by the demo and the tests (a user's own data dir keeps its own).
 export LOCALKB_MODEL_DIR := $(CURDIR)/$(VENV)/localkb-models
 
-.PHONY: install demo test test-python test-js lint bench clean
+.PHONY: install firefox demo test test-python test-js lint bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,7 +20,11 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/localkb model build || echo "localkb: the model build failed; the packaged int8 model will be used"
 	touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) firefox
+
+# The Firefox build of the extension (extension/ with a manifest derived from Chromium's).
+firefox: $(STAMP)
+	$(BIN)/python tools/firefox_manifest.py --out build/firefox
 
 demo: install
 	rm -rf $(DEMO)
@@ -54,11 +58,11 @@ test-js:
 	else echo "SKIPPED extension unit tests: node is not installed"; fi
 
 lint: install
-	$(BIN)/ruff check host tests bench evals
+	$(BIN)/ruff check host tests bench evals tools
 
 bench: install
 	$(BIN)/python bench/ingest.py
 	$(BIN)/python bench/search.py
 
 clean:
-	rm -rf $(DEMO) test-artifacts .pytest_cache
+	rm -rf $(DEMO) test-artifacts .pytest_cache build/firefox

@@ -1,8 +1,9 @@
 """What the real-docs eval builders share: stable hashing, the absent-name check, BEIR-layout output.
 
-Each builder (``pgdocs/build.py``, ``pydocs/build.py``) takes its relevance from the
-manual's own index and hands this module the pages, the judged entries and the candidate
-absent names; nothing here looks at LocalKB's output.
+Each builder (``NAME/make.py``; ``pgdocs/build.py`` and ``pydocs/build.py`` as first
+published) takes its relevance from the docs' own index or lists and hands this module the
+pages, the judged entries and the candidate absent names (``assemble``); nothing here
+looks at LocalKB's output. ``cli`` is the command line every ``make.py`` shares.
 """
 
 from __future__ import annotations
@@ -68,3 +69,99 @@ def write_set(out: Path, pages: list[tuple[str, str, str, str]], entries: list[d
     return {"pages": len(pages), "queries": len(entries), "absent": len(absent),
             "dev": len({r.split("\t")[0] for r in splits["dev"]}),
             "test": len({r.split("\t")[0] for r in splits["test"]})}
+
+
+def parse(path: Path):
+    """The page as lxml reads it (bytes, so its own charset declaration decides)."""
+    import lxml.html
+
+    return lxml.html.fromstring(path.read_bytes())
+
+
+def plain(tree) -> str:
+    """The body's text, white space collapsed (what the absent-name check reads)."""
+    body = tree.find("body")
+    return re.sub(r"\s+", " ", (body if body is not None else tree).text_content()).strip()
+
+
+def is_redirect(path: Path) -> bool:
+    """A stub that only sends the browser elsewhere (``<meta http-equiv="refresh">``): not a page."""
+    if path.stat().st_size > 4096:
+        return False
+    head = path.read_bytes().lower()
+    return b'http-equiv="refresh"' in head or b"<title>redirection</title>" in head
+
+
+def norm(path: str) -> str:
+    """A relative link resolved against the docs' root (``a/b/../c.html`` → ``a/c.html``), anchor dropped."""
+    parts: list[str] = []
+    for p in path.split("#", maxsplit=1)[0].split("/"):
+        if p == "..":
+            if parts:
+                parts.pop()
+        elif p and p != ".":
+            parts.append(p)
+    return "/".join(parts)
+
+
+def words(el) -> str:
+    return re.sub(r"\s+", " ", el.text_content()).strip()
+
+
+def by_hash(items, n: int | None) -> list:
+    """A fixed sample: the first ``n`` of ``items`` by a hash of their text (all when ``n`` is None)."""
+    ordered = sorted(items, key=lambda x: (stable_hash(str(x)), str(x)))
+    return ordered if n is None else ordered[:n]
+
+
+def merge(entries: list[dict]) -> list[dict]:
+    """One entry per (text, kind), its pages the union of the pages each copy links to."""
+    seen: dict[tuple[str, str], set[str]] = {}
+    for e in entries:
+        seen.setdefault((e["text"], e["kind"]), set()).update(e["pages"])
+    return [{"text": t, "kind": k, "pages": sorted(p)} for (t, k), p in seen.items()]
+
+
+def assemble(docs: Path, out: Path, pages: list[str], entries: list[dict], absent: dict[str, str], *,
+             identifiers: int | None, concepts: int | None, trees: dict | None = None) -> dict:
+    """The set from chosen pages (paths under ``docs``) and the docs' own judged entries.
+
+    Entries are merged by text, kept only when every page they link to is in the corpus,
+    and sampled by a hash of their text (``identifiers`` and ``concepts`` of each kind);
+    absent names are checked against every page of the corpus. ``trees``: pages already
+    parsed by the builder.
+    """
+    trees = dict(trees or {})
+    for name in pages:
+        if name not in trees:
+            trees[name] = parse(docs / name)
+    corpus = set(pages)
+    kept = [e for e in merge(entries) if e["pages"] and set(e["pages"]) <= corpus]
+    chosen = []
+    for kind, n in (("identifier", identifiers), ("concept", concepts)):
+        of_kind = [e for e in kept if e["kind"] == kind]
+        chosen += sorted(of_kind, key=lambda e: (stable_hash(e["text"]), e["text"]))[:n]
+    texts = {name: plain(trees[name]) for name in pages}
+    rows = [(name, (trees[name].findtext(".//title") or name).strip(), texts[name],
+             (docs / name).read_bytes().decode("utf-8", "replace")) for name in pages]
+    return write_set(out, rows, chosen, truly_absent(absent, texts))
+
+
+def cli(doc: str, build, default_docs: Path, marker: str, package: str, *, pages: int | None,
+        identifiers: int | None, concepts: int | None) -> None:
+    """The command line every ``make.py`` shares:
+    ``OUT [--docs DIR] [--pages N] [--identifiers N] [--concepts N]``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc.split("\n", maxsplit=1)[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--docs", type=Path, default=default_docs)
+    ap.add_argument("--pages", type=int, default=pages,
+                    help="a fixed sample of this many pages, by a hash of their paths (0: all)")
+    for kind, n in (("identifiers", identifiers), ("concepts", concepts)):
+        ap.add_argument(f"--{kind}", type=int, default=n, help="a fixed sample (default: %(default)s)")
+    args = ap.parse_args()
+    if not (args.docs / marker).exists():
+        sys.exit(f"no documentation at {args.docs} (Debian: apt-get install {package})")
+    print(json.dumps(build(args.docs, args.out, pages=args.pages or None, identifiers=args.identifiers,
+                           concepts=args.concepts)))

@@ -37,7 +37,8 @@ export class HostError extends Error {
  */
 export function disconnectCode(message) {
   const text = message ?? "";
-  if (/not found/i.test(text)) return "host_missing";
+  // Chrome: "Specified native messaging host not found."; Firefox: "No such native application …".
+  if (/not found|no such native application/i.test(text)) return "host_missing";
   if (/forbidden/i.test(text)) return "host_forbidden";
   if (/exited/i.test(text)) return "host_exited";
   return "host_disconnected";
@@ -269,8 +270,9 @@ export class NativeHost {
 
   /** @param {Port} port */
   #onDisconnect(port) {
-    // Reading lastError here also keeps Chrome from logging it as unchecked.
-    const message = this.#lastError()?.message;
+    // Chrome puts the reason in runtime.lastError (reading it also keeps Chrome from logging
+    // it as unchecked); Firefox puts it on the port.
+    const message = this.#lastError()?.message ?? /** @type {any} */ (port).error?.message;
     if (this.#port !== port) return;
     this.#port = null;
     const code = disconnectCode(message);

@@ -402,7 +402,7 @@ export function progressText(job) {
   if (job.state === "capturing") return "Reading the page…";
   // Built once, on first use: no count to show, and no rate yet to make an ETA from.
   if (job.stage === "model" && (job.done ?? 0) < (job.total ?? 1)) {
-    return "Preparing the embedding model (built once, on first use; about a minute)…";
+    return "Preparing the embedding model (first use: about a minute)…";
   }
   const label = STAGE_LABELS[/** @type {keyof typeof STAGE_LABELS} */ (job.stage)] ?? "Saving";
   const parts = [job.total ? `${label} ${job.done ?? 0} of ${job.total}` : `${label}…`];

@@ -8,6 +8,7 @@ import { CaptureError, captureLink, captureSelection, captureTab, originPattern 
 import { dropFile, inTurn, uploadFile } from "./files.js";
 import { rememberKnowledgeBases } from "./kbs.js";
 import { HostError, NativeHost } from "./native.js";
+import { notificationOptions, openPanel, openPanelOnActionClick } from "./platform.js";
 import { reportBadge, reportText } from "./render.js";
 
 const ICON = "icons/icon-128.png";
@@ -36,8 +37,8 @@ const MENU_KINDS = /** @type {const} */ ([
 
 // ---- listeners, registered at top level so Chrome can wake the worker for them ----
 
+openPanelOnActionClick(); // Firefox's listener must be registered at top level, every wake-up
 chrome.runtime.onInstalled.addListener(() => {
-  chrome.sidePanel.setPanelBehavior({ openPanelOnActionClick: true }).catch(() => {});
   rebuildMenus();
   refreshKnowledgeBases().catch(() => {}); // no host yet is fine: menus show the default only
 });
@@ -143,11 +144,8 @@ export async function onCommand(command, tab) {
     return save({ kind: "page", tab, capturedBy: "toolbar" });
   }
   if (command === "focus-question") {
-    // sidePanel.open must be called while the shortcut's user gesture lasts: first thing.
-    const opening = tab?.windowId !== undefined
-      ? chrome.sidePanel.open({ windowId: tab.windowId }).catch(() => {})
-      : Promise.resolve();
-    await opening;
+    // The panel must be opened while the shortcut's user gesture lasts: first thing.
+    await openPanel(tab?.windowId);
     // An open panel focuses its question box; a panel that is just opening does so itself.
     await chrome.runtime.sendMessage({ type: "focus-question" }).catch(() => {});
     return { focused: true };
@@ -174,10 +172,8 @@ const ASK_KINDS = /** @type {const} */ ([
  * @param {chrome.tabs.Tab | undefined} tab
  */
 function askInPanel(kind, info, tab) {
-  // sidePanel.open must be called while the click's user gesture lasts: first thing.
-  const opening = tab?.windowId !== undefined
-    ? chrome.sidePanel.open({ windowId: tab.windowId }).catch(() => {})
-    : Promise.resolve();
+  // The panel must be opened while the click's user gesture lasts: first thing.
+  const opening = openPanel(tab?.windowId);
   const panelRequest = {
     kind, selection: info.selectionText ?? "", tabId: tab?.id, url: info.pageUrl ?? tab?.url,
     title: tab?.title, at: Date.now(),
@@ -287,8 +283,12 @@ async function setBadge(tabId, text, color) {
  * @param {string} id
  * @param {chrome.notifications.NotificationOptions<true>} options
  */
-function notify(id, options) {
-  return chrome.notifications.create(id, options).catch(() => {});
+async function notify(id, options) {
+  try {
+    await chrome.notifications.create(id, notificationOptions(options));
+  } catch {
+    // A notification that cannot be shown loses nothing: the job and the badge say the same.
+  }
 }
 
 /**

@@ -302,7 +302,7 @@ function renderKnowledgeBases(defaultKb) {
     addTo,
     ...(state.kbs.length
       ? state.kbs.map((kb) => el("option", { value: kb.id, text: kb.name, selected: kb.id === current }))
-      : [el("option", { value: "", text: "a new knowledge base" })]),
+      : [el("option", { value: "", text: "new knowledge base" })]), // the worker makes FIRST_KB_NAME
   );
 }
 
@@ -423,6 +423,8 @@ async function renderJobs() {
   $("jobs-empty").hidden = jobs.length > 0;
   const badge = $("saves-badge");
   badge.hidden = jobs.length === 0;
+  // Nothing saved in this session yet: no list to open (the first run needs the row's room).
+  $("saves-toggle").hidden = jobs.length === 0;
   badge.textContent = String(jobs.length);
   badge.className = jobs.some((j) => j.state === "failed" || j.report?.failed) ? "badge bad" : "badge";
   // One status line for the newest save: what is happening now, or how it ended.
@@ -431,7 +433,8 @@ async function renderJobs() {
   status.hidden = !newest;
   if (newest) {
     const running = newest.state === "capturing" || newest.state === "saving";
-    status.textContent = running ? `Saving ${newest.title} · ${progressText(newest)}` : `${newest.title} · ${jobLine(newest)}`;
+    // What is happening, or how it ended, first; the title after it (cut first when long).
+    status.textContent = running ? `${progressText(newest)} · saving ${newest.title}` : `${jobLine(newest)} · ${newest.title}`;
     status.dataset.kind = newest.state === "done" ? (newest.report?.failed ? "partial" : "done") : newest.state;
     status.title = status.textContent;
   }
@@ -467,7 +470,10 @@ chrome.storage.onChanged.addListener((changes, area) => {
   if (!jobChanges.length) return;
   renderJobs();
   const finished = jobChanges.some(([, c]) => c.newValue?.state === "done" && c.oldValue?.state !== "done");
-  if (finished && !$("conversation").hidden) loadKnowledgeBases().catch(() => {});
+  if (finished && !$("conversation").hidden) {
+    // A first save turns the first-run steps into the usual start.
+    loadKnowledgeBases().then(() => { if (!state.chat.turns.length) renderChat(); }).catch(() => {});
+  }
 });
 
 // ---- chats ----
@@ -493,11 +499,39 @@ function renderChat() {
 }
 
 function emptyChat() {
+  const saved = state.kbs.some((kb) => (kb.sources ?? 0) > 0);
+  // No model: answers quote passages; say so, and where to connect one.
+  const model = state.endpoints.length
+    ? null
+    : el(
+        "p",
+        { class: "muted small-text" },
+        "Answers quote your passages word for word. For written answers, ",
+        el("a", { href: "options.html#endpoints", target: "_blank", text: "Connect a model" }),
+        " (Ollama, LM Studio, llama.cpp or any OpenAI-compatible server).",
+      );
+  if (!saved) {
+    // The first run: nothing to ask about yet, so the first step, not the question box.
+    return el(
+      "div",
+      { class: "empty-chat first-run", id: "empty-chat" },
+      el("h2", { text: "Start with a page you want to keep" }),
+      el(
+        "ol",
+        null,
+        el("li", null, "Open it, then ", el("button", { type: "button", class: "small primary", text: "Add this tab", onclick: () => addThisTab() }), " (or right-click the page: Save page to LocalKB)."),
+        el("li", { text: "Ask about it here: every answer cites the passages it came from." }),
+      ),
+      el("p", { class: "muted small-text", text: "Or press Chat with this page to ask about the page you are on without saving it." }),
+      model,
+    );
+  }
   return el(
     "div",
     { class: "empty-chat", id: "empty-chat" },
     el("p", { text: "Ask a question about what you saved. Every answer says which knowledge bases it searched and cites its passages." }),
     el("p", { class: "muted small-text" }, "Press ", el("kbd", { text: "/" }), " to type a question; earlier chats are under Chats."),
+    model,
   );
 }
 
@@ -636,12 +670,17 @@ function userBlock(turn, index) {
         send();
       } else if (e.key === "Escape") show();
     });
+    const later = state.chat.turns.length - index - 1;
     setChildren(
       root,
       el(
         "div",
         { class: "edit-box" },
         box,
+        // Said before it happens: sending an edited question drops what followed it.
+        later > 0
+          ? el("p", { class: "edit-note", text: `Sending replaces this answer and removes the ${later === 1 ? "question and answer" : `${later} questions and answers`} after it.` })
+          : null,
         el(
           "div",
           { class: "row" },
@@ -720,6 +759,10 @@ async function ask(message, options = {}) {
   // A summary asked again (Regenerate, Try again) is a summary again.
   const summarize = options.summarize ?? (options.replace !== undefined && Boolean(state.chat.turns[options.replace]?.summarize));
   if (summarize) turn.summarize = true;
+  // Asked again (Regenerate, weaker matches): the earlier answers are kept as versions, ‹1/2›.
+  // An edited question is a new question; a continued answer finishes the version it continues.
+  const earlier = options.replace !== undefined && options.keepAfter !== false ? state.chat.turns[index] : null;
+  const versions = earlier && (earlier.answer !== undefined || earlier.error) ? earlier.versions ?? [answerVersion(earlier)] : [];
   const block = assistantBlock();
   if (options.replace === undefined) {
     box.append(userBlock(turn, index), block.root);
@@ -850,6 +893,12 @@ async function ask(message, options = {}) {
     if (frame) cancelAnimationFrame(frame);
     stopWaiting();
   }
+  if (versions.length) {
+    const at = options.continueFrom !== undefined ? (earlier?.shown ?? versions.length - 1) : versions.length;
+    turn.versions = [...versions];
+    turn.versions[at] = answerVersion(turn);
+    turn.shown = at;
+  }
   try {
     for (const card of block.confirm.querySelectorAll(".confirm-card")) settleConfirm(/** @type {any} */ (card), turn);
     renderFinal(block, turn, index);
@@ -885,6 +934,37 @@ function onConversationScroll() {
   const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight <= FOLLOW_SLACK_PX;
   state.follow = atBottom;
   $("scroll-bottom").hidden = atBottom;
+}
+
+/** What makes one answer of a turn, kept when the question is asked again. */
+const VERSION_FIELDS = ["answer", "citations", "statuses", "summary", "answer_line", "notes", "model", "generated",
+  "rewritten_query", "sourceKbs", "tool_calls", "model_error", "error", "stopped", "endpoint", "kbs", "weakerKbs"];
+
+/**
+ * One answer of a turn, as kept among its versions.
+ * @param {Turn} turn
+ * @returns {Record<string, any>}
+ */
+function answerVersion(turn) {
+  /** @type {Record<string, any>} */
+  const out = {};
+  for (const key of VERSION_FIELDS) if (/** @type {any} */ (turn)[key] !== undefined) out[key] = /** @type {any} */ (turn)[key];
+  return out;
+}
+
+/**
+ * Show another kept answer of a turn; it becomes the one a follow-up question builds on.
+ * @param {number} index the turn
+ * @param {number} at the version
+ */
+async function showVersion(index, at) {
+  const turn = /** @type {any} */ (state.chat.turns[index]);
+  if (state.asking || !turn?.versions?.[at]) return;
+  for (const key of VERSION_FIELDS) delete turn[key];
+  Object.assign(turn, turn.versions[at]);
+  turn.shown = at;
+  renderChat();
+  await saveChat();
 }
 
 /**
@@ -956,6 +1036,19 @@ function renderFinal(block, turn, index) {
     actions.push(el("button", { type: "button", class: "link", text: "Continue", "aria-label": "Continue this answer", onclick: () => ask(turn.message, { replace: index, continueFrom: turn.answer, continueKbs: turn.sourceKbs, weakerKbs: turn.weakerKbs }) }));
   }
   actions.push(el("button", { type: "button", class: "link", text: "Regenerate", "aria-label": "Regenerate this answer", onclick: () => ask(turn.message, { replace: index }) }));
+  const kept = /** @type {any} */ (turn).versions;
+  if (Array.isArray(kept) && kept.length > 1) {
+    const at = /** @type {any} */ (turn).shown ?? kept.length - 1;
+    actions.unshift(
+      el(
+        "span",
+        { class: "versions", role: "group", "aria-label": "Answers to this question" },
+        el("button", { type: "button", class: "link", disabled: at === 0, onclick: () => showVersion(index, at - 1) }, "‹", el("span", { class: "visually-hidden", text: " previous answer" })),
+        el("span", { class: "version-at", text: `${at + 1}/${kept.length}` }),
+        el("button", { type: "button", class: "link", disabled: at === kept.length - 1, onclick: () => showVersion(index, at + 1) }, "›", el("span", { class: "visually-hidden", text: " next answer" })),
+      ),
+    );
+  }
   setChildren(block.actions, ...actions);
 }
 

@@ -185,8 +185,12 @@ class ExtensionBrowser:
 class PageServer:
     """A ThreadingHTTPServer on 127.0.0.1 serving fixed bytes per path; a context manager."""
 
-    def __init__(self, routes: Mapping[str, tuple[str, bytes]]) -> None:
+    def __init__(self, routes: Mapping[str, tuple[str, bytes]], *, cookie: str | None = None,
+                 members_only: tuple[str, ...] = ()) -> None:
+        """``members_only`` paths answer 403 unless the request carries ``cookie`` (a sign-in)."""
         self.routes = dict(routes)
+        self.cookie = cookie
+        self.members_only = set(members_only)
         self.hits: list[str] = []
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -200,7 +204,15 @@ class PageServer:
 
             def do_GET(self) -> None:
                 owner.hits.append(self.path)
-                route = owner.routes.get(self.path.split("?", 1)[0])
+                path = self.path.split("?", 1)[0]
+                route = owner.routes.get(path)
+                if path in owner.members_only and owner.cookie not in self.headers.get("Cookie", ""):
+                    route = ("text/html", b"<!doctype html><title>Sign in</title><p>Sign in first.</p>")
+                    self.send_response(403)
+                    self.send_header("Content-Type", route[0])
+                    self.end_headers()
+                    self.wfile.write(route[1])
+                    return
                 if route is None:
                     self.send_error(404)
                     return

@@ -36,6 +36,18 @@ from browser_helpers import (
     register_host,
     write_launcher,
 )
+from browser_pages import (
+    ERR_CODE,
+    FLUX_HTML,
+    GARAGE_HTML,
+    PDF_PAGES,
+    QUESTION,
+    SECRET_HTML,
+    TOOLBAR_HTML,
+    flux_reply,
+)
+from browser_pages import added as _added
+from browser_pages import passage_number as _passage_number
 from conftest import make_pdf
 from fakellm import FakeLLM
 
@@ -56,54 +68,6 @@ except ImportError:  # pragma: no cover - the dev extra installs it
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts"
 
-ERR_CODE = "ERR_7731"
-FLUX_HTML = f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>Flux capacitor error codes</title></head>
-<body><main><article>
-<h1>Flux capacitor error codes</h1>
-<p>This page lists the error codes the time circuits report and what each of them means for
-the driver. Read it before calling the workshop.</p>
-<h2>{ERR_CODE}</h2>
-<p>{ERR_CODE} means the flux capacitor overheated. Let it cool for ten minutes with the ignition
-off, then check that the coolant line to the capacitor housing is not kinked.</p>
-<h2>ERR_1200</h2>
-<p>ERR_1200 means the time circuits lost their destination date. Enter the date again on the
-keypad and confirm it twice.</p>
-<p>Related: <a href="/manual.pdf">the workshop manual (PDF)</a>.</p>
-</article></main></body></html>
-"""
-PDF_PAGES = [
-    "Workshop manual, page one. General safety: disconnect the plutonium chamber before any "
-    "repair work on the vehicle.",
-    "Page two. The turbo encabulator code ZQ-5512 means the prefamulated amulite has worn out; "
-    "replace the amulite and reset the panametric fan.",
-]
-SECRET = "The vault combination word is PINEAPPLE-4471 and must never leave this device."
-SECRET_HTML = f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>Private notes about the capacitor</title></head>
-<body><main><article><h1>Private notes about the flux capacitor</h1>
-<p>My own notes on the flux capacitor overheating: {ERR_CODE} happened twice last winter.
-{SECRET}</p>
-<p>The flux capacitor overheated because the garage was too warm; I moved the car.</p>
-</article></main></body></html>
-"""
-QUESTION = f"What does {ERR_CODE} mean?"
-GARAGE_HTML = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>Garage opening hours</title></head>
-<body><main><article><h1>Garage opening hours</h1>
-<p>The garage on Hill Valley Road opens at seven in the morning on weekdays and closes at six in
-the evening. On Saturdays it opens at nine and closes at one; it stays closed on Sundays.</p>
-<p>Bring the service booklet and the spare key when you drop the car off for an inspection.</p>
-</article></main></body></html>
-"""
-TOOLBAR_HTML = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>Hoverboard charging guide</title></head>
-<body><main><article><h1>Hoverboard charging guide</h1>
-<p>Charge the hoverboard for three hours before its first ride, and never leave it charging
-overnight near water. A blinking green light means the battery is balancing its cells.</p>
-<p>Store it at half charge when it will not be ridden for a month or more.</p>
-</article></main></body></html>
-"""
 OPTIONS_WIDTH = 1100  # the options page opens in a tab, not in the narrow side panel
 
 
@@ -200,29 +164,8 @@ def saved(browser: ExtensionBrowser, pages: PageServer, kbs: dict) -> dict:
 @pytest.fixture(scope="module")
 def fake_llm() -> Iterator[FakeLLM]:
     """Answers with the number of the passage that explains ERR_7731, slowly enough to see it stream."""
-
-    def reply(request: dict) -> str:
-        prompt = "\n".join(str(m.get("content", "")) for m in request.get("messages", []))
-        n = _passage_number(prompt, f"{ERR_CODE} means the flux capacitor overheated")
-        if n is None:
-            return "I don't know from these documents."
-        return f"{ERR_CODE} means the flux capacitor overheated; let it cool for ten minutes [{n}]."
-
-    with FakeLLM(mode="slow", delay=0.08, reply_fn=reply) as llm:
+    with FakeLLM(mode="slow", delay=0.08, reply_fn=flux_reply) as llm:
         yield llm
-
-
-def _passage_number(prompt: str, needle: str) -> int | None:
-    """The number of the fenced passage (chat.build_messages' BEGIN/END lines) containing ``needle``."""
-    for m in re.finditer(r"<<<BEGIN PASSAGE (\d+) (\w+)>>>(.*?)<<<END PASSAGE \1 \2>>>", prompt, re.S):
-        if needle in m.group(3):
-            return int(m.group(1))
-    return None
-
-
-def _added(n: int) -> str:
-    """The save line's count, as render.reportText words it."""
-    return f"{n} passage{'' if n == 1 else 's'} added"
 
 
 def _shot(page, name: str) -> Path:
@@ -1262,6 +1205,8 @@ def _chat_in(panel, question: str) -> None:
 
 
 def test_chat_history_survives_a_browser_restart(pw, tmp_path, pages):
+    from playwright.sync_api import expect
+
     ext = extension_copy(tmp_path / "extension", host_permissions=["http://127.0.0.1/*"])
     profile, home = tmp_path / "profile", tmp_path / "data"
     launcher = write_launcher(tmp_path / "localkb-host", home)
@@ -1280,16 +1225,20 @@ def test_chat_history_survives_a_browser_restart(pw, tmp_path, pages):
         panel = again.open("sidepanel.html", width=400, height=800)
         panel.wait_for_selector('body[data-ready="true"]')
         # The chat that was open is open again, answers and all.
-        assert panel.locator(".turn-user .bubble").all_inner_texts() == ["When was the garage open?"]
+        expect(panel.locator(".turn-user .bubble")).to_have_text(["When was the garage open?"],
+                                                                 timeout=WAIT_MS)
         assert panel.locator(".turn-assistant .answer").all_inner_texts() == before
         panel.click("#chats-button")
         items = panel.locator("#chat-list .chat-item")
-        assert [t.split("\n")[0] for t in items.locator(".open").all_inner_texts()] == [
-            "When was the garage open?", QUESTION]
+        # The list and an opened chat render after the click: wait for them, never read at once
+        # (read at once, this failed under load: the list was still empty).
+        expect(items.locator(".open .t")).to_have_text(["When was the garage open?", QUESTION],
+                                                       timeout=WAIT_MS)
         _shots(panel, "chats")
         items.locator(".open", has_text=QUESTION).click()
-        assert panel.locator(".turn-user .bubble").all_inner_texts() == [QUESTION, "What does ERR_1200 mean?"]
-        assert panel.locator(".turn-assistant .answer a.cite").count() >= 1  # citations kept
+        expect(panel.locator(".turn-user .bubble")).to_have_text([QUESTION, "What does ERR_1200 mean?"],
+                                                                 timeout=WAIT_MS)
+        expect(panel.locator(".turn-assistant .answer a.cite").first).to_be_visible()  # citations kept
         panel.click("#chats-button")
         panel.get_by_role("button", name=f"Rename chat {QUESTION}").click()
         panel.get_by_role("textbox", name="New name").fill("Flux errors")
@@ -1303,7 +1252,8 @@ def test_chat_history_survives_a_browser_restart(pw, tmp_path, pages):
         panel = third.open("sidepanel.html", width=400, height=800)
         panel.wait_for_selector('body[data-ready="true"]')
         panel.click("#chats-button")
-        assert panel.locator("#chat-list .chat-item .open .t").all_inner_texts() == ["Flux errors"]
+        expect(panel.locator("#chat-list .chat-item .open .t")).to_have_text(["Flux errors"],
+                                                                             timeout=WAIT_MS)
         panel.close()
 
 

@@ -138,12 +138,12 @@ def _open_steps(answer) -> list[str]:
 
 
 def _shots(panel, name: str) -> list[Path]:
-    """The panel as it is, at 320 and 400 px, light and dark."""
+    """The panel as it is, at 320, 400 and 600 px, light and dark."""
     ARTIFACTS.mkdir(exist_ok=True)
     out = []
     for scheme in ("light", "dark"):
         panel.emulate_media(color_scheme=scheme)
-        for width in (320, 400):
+        for width in (320, 400, 600):
             panel.set_viewport_size({"width": width, "height": 860})
             wide = panel.evaluate("() => document.documentElement.scrollWidth - innerWidth")
             assert wide <= 0, (name, scheme, width, wide)
@@ -206,7 +206,7 @@ def test_summarize_without_a_model_is_a_labelled_extractive_summary_with_citatio
     panel.locator("#passage-card [data-close]").click()
     _shots(panel, "summary")
     panel.evaluate("() => { document.querySelector('.turn-assistant').dataset.old = 'yes'; }")
-    answer.get_by_role("button", name="Ask this question again").click()  # Regenerate
+    answer.get_by_role("button", name="Regenerate this answer").click()  # Regenerate
     panel.wait_for_selector(".turn-assistant:not([data-old]) .answer-meta span")
     assert panel.locator(".turn-assistant").count() == 1
     meta = panel.locator(".turn-assistant .answer-meta").inner_text()

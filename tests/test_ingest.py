@@ -245,6 +245,22 @@ def test_capture_from_the_extension_records_who_captured_it(kb):
     assert "ERR_4521" in row["text"] and "\\_" not in row["text"]
 
 
+def test_a_saved_selection_is_its_own_source_and_never_replaces_the_saved_page(kb):
+    # The extension addresses a selection by a text fragment of its page (capture.js
+    # selectionPayload); an ordinary fragment (#top) still names the page itself.
+    html = ("<html><head><title>Codes</title></head><body><article><h1>Codes</h1>"
+            "<p>ERR_4521 means the disk is full; free space and retry.</p>"
+            "<p>ERR_4512 means the network is unreachable.</p></article></body></html>")
+    add_capture(kb, url="https://intranet.test/codes", title="Codes", html=html)
+    picked = add_capture(kb, url="https://intranet.test/codes#:~:text=ERR_4512%20means",
+                         title="Codes (selection)", text="ERR_4512 means the network is unreachable.")
+    assert picked.status == "added"
+    keys = sorted(r["key"] for r in kb.catalog.db.execute("SELECT key FROM sources"))
+    assert keys == ["https://intranet.test/codes", "https://intranet.test/codes#:~:text=ERR_4512%20means"]
+    again = add_capture(kb, url="https://intranet.test/codes#top", title="Codes", html=html)
+    assert again.status == "unchanged"
+
+
 def test_remove_source_deletes_its_chunks_everywhere(kb):
     add_document(kb, extract_text(long_text(6), title="T", url="https://x.test/a"), key="https://x.test/a")
     res = remove_source(kb, "https://x.test/a")

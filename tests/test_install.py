@@ -191,3 +191,17 @@ def test_check_reports_a_missing_launcher(tmp_path):
     (r,) = install.check(["firefox"], home=tmp_path, platform="linux")
     assert r.valid and not r.executable and not r.answered
     assert "missing or not executable" in r.problem
+
+
+def test_cli_install_for_firefox_registers_where_firefox_looks_and_check_says_what_it_allows(tmp_path):
+    env = {**os.environ, "HOME": str(tmp_path), "LOCALKB_HOME": str(tmp_path / "data")}
+    cli = [sys.executable, "-m", "localkb", "install", "--browser", "firefox"]
+    done = subprocess.run(cli, env=env, capture_output=True, text=True, check=False)
+    manifest = tmp_path / ".mozilla/native-messaging-hosts/com.localkb.host.json"
+    assert done.returncode == 0 and f"registered for firefox: {manifest}" in done.stdout, done
+    assert "load its manifest.json from about:debugging" in done.stdout, done.stdout
+    assert json.loads(manifest.read_text())["allowed_extensions"] == [GECKO_ID]
+    checked = subprocess.run([*cli, "--check"], env=env, capture_output=True, text=True, check=False)
+    assert checked.returncode == 0, checked
+    assert checked.stdout == (f"firefox   {manifest}: ok, the host answers (localkb {localkb.__version__});"
+                              f" allows {GECKO_ID}\n")

@@ -73,14 +73,24 @@ def models(browser, code_kb) -> Iterator[dict]:
     """On-device models on loopback: one answers with a wide table, one streams a long answer
     slowly, and "dead" points at a port where nothing listens."""
     with FakeLLM(reply=WIDE_TABLE_ANSWER) as table, \
-            FakeLLM(mode="slow", delay=0.05, reply=LONG_ANSWER) as slow, FakeLLM(mode="hang") as hang:
+            FakeLLM(mode="slow", delay=0.05, reply=LONG_ANSWER) as slow, FakeLLM(mode="hang") as hang, \
+            FakeLLM(reply_fn=_numbered()) as numbered:
         _host(browser, "config.set", {"endpoints": [
             {"name": "table", "base_url": table.base_url, "model": "table-model"},
             {"name": "slow", "base_url": slow.base_url, "model": "slow-model"},
             {"name": "loading", "base_url": hang.base_url, "model": "big-model"},
+            {"name": "numbered", "base_url": numbered.base_url, "model": "n-model"},
             {"name": "dead", "base_url": "http://127.0.0.1:9/v1", "model": "dead-model"},
         ], "default_endpoint": "table"})
         yield {"table": table, "slow": slow}
+
+
+def _numbered():
+    """A model whose every answer says which it is (so versions can be told apart)."""
+    import itertools
+
+    count = itertools.count(1)
+    return lambda request: f"Answer number {next(count)} about retries [1]."
 
 
 def _panel(browser, endpoint: str, kbs: set[str], width: int = 400, height: int = 800):
@@ -90,11 +100,20 @@ def _panel(browser, endpoint: str, kbs: set[str], width: int = 400, height: int 
     return panel
 
 
+def _answered(browser, endpoint: str, question: str, width: int = 400, height: int = 800):
+    """A panel that asked ``question`` of Pool with ``endpoint``, and its finished answer."""
+    panel = _panel(browser, endpoint, {"Pool"}, width=width, height=height)
+    _ask(panel, question)
+    answer = _last_answer(panel)
+    answer.locator(".answer-meta").wait_for()
+    return panel, answer
+
+
 def _shots(panel, name: str) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     for scheme in ("light", "dark"):
         panel.emulate_media(color_scheme=scheme)
-        for width in (320, 400):
+        for width in (320, 400, 600):
             panel.set_viewport_size({"width": width, "height": 800})
             panel.screenshot(path=str(ARTIFACTS / f"review-{name}-{width}-{scheme}.png"))
     panel.emulate_media(color_scheme="light")
@@ -103,10 +122,7 @@ def _shots(panel, name: str) -> None:
 
 # -- 7: a citation's link is built from the text as the page renders it ----------------------------
 def test_a_citation_of_a_passage_with_inline_code_opens_the_page_at_the_passage(browser, models):
-    panel = _panel(browser, "__none__", {"Pool"})
-    _ask(panel, "What should retry_limit be when pool_timeout is short?")
-    answer = _last_answer(panel)
-    answer.locator(".answer-meta").wait_for()
+    panel, answer = _answered(browser, "__none__", "What should retry_limit be when pool_timeout is short?")
     target = None
     for cite in answer.locator(".answer a.cite").all():
         cite.click()
@@ -131,10 +147,7 @@ def test_a_citation_of_a_passage_with_inline_code_opens_the_page_at_the_passage(
 
 # -- 13: a table in an answer scrolls sideways; its code and headers keep their words -----------------
 def test_an_answer_table_scrolls_instead_of_breaking_code_and_headers_mid_word(browser, models):
-    panel = _panel(browser, "table", {"Pool"}, width=320)
-    _ask(panel, "Which timeouts are there?")
-    answer = _last_answer(panel)
-    answer.locator(".answer-meta").wait_for()
+    panel, _ = _answered(browser, "table", "Which timeouts are there?", width=320)
     broken = panel.evaluate("""() => {
         const cells = [...document.querySelectorAll(
             '.turn-assistant .answer table code, .turn-assistant .answer table th')];
@@ -278,6 +291,19 @@ def test_the_picker_scrolls_through_200_knowledge_bases_and_leaves_the_ask_butto
         panel.close()
 
 
+def _shown_whole(panel, words: str) -> bool:
+    """Whether ``words`` at the start of the save line are all inside its visible box."""
+    return panel.evaluate("""(words) => {
+        const s = document.getElementById('save-status');
+        const range = document.createRange();
+        range.setStart(s.firstChild, 0);
+        range.setEnd(s.firstChild, words.length);
+        const box = s.getBoundingClientRect();
+        return [...range.getClientRects()]
+            .every((r) => r.bottom <= box.bottom + 0.5 && r.right <= box.right + 0.5);
+    }""", words)
+
+
 # -- 9: a save says what it is doing, with a bar, and its outcome in full ------------------------------
 def test_a_save_shows_its_stage_with_a_bar_and_its_outcome_in_full_at_320px(browser, code_kb):
     panel = _open_panel(browser, width=320, height=700)
@@ -289,10 +315,9 @@ def test_a_save_shows_its_stage_with_a_bar_and_its_outcome_in_full_at_320px(brow
                             "'Preparing the embedding model')")
     bar = panel.locator("#save-progress")
     assert bar.is_visible() and bar.get_attribute("value") is None  # moving: no count yet
-    # Before: one nowrap line, cut off with an ellipsis at 320 px.
-    status = panel.evaluate("() => { const s = document.getElementById('save-status');"
-                            " return [s.scrollHeight, s.clientHeight, s.scrollWidth, s.clientWidth]; }")
-    assert status[0] <= status[1] + 1 and status[2] <= status[3] + 1, status
+    # Before: one nowrap line "Saving <title> · …", the stage cut off with an ellipsis at 320 px.
+    assert panel.locator("#save-status").inner_text().startswith("Preparing the embedding model")
+    assert _shown_whole(panel, "Preparing the embedding model (first use: about a minute)…")
     _shots(panel, "save-model")
     browser.worker_eval("() => chrome.storage.session.set({'job:first-use': {id: 'first-use',"
                         " title: 'A page with a rather long title about connection pools', state: 'saving',"
@@ -305,10 +330,8 @@ def test_a_save_shows_its_stage_with_a_bar_and_its_outcome_in_full_at_320px(brow
                         " startedAt: Date.now() + 1e9}})")
     panel.wait_for_function("() => document.getElementById('save-progress').hidden")
     text = panel.locator("#save-status").inner_text()
-    assert text.endswith("Pool: 40 passages added"), text
-    status = panel.evaluate("() => { const s = document.getElementById('save-status');"
-                            " return [s.scrollHeight, s.clientHeight, s.scrollWidth, s.clientWidth]; }")
-    assert status[0] <= status[1] + 1 and status[2] <= status[3] + 1, status  # the outcome is all there
+    assert text.startswith("Pool: 40 passages added"), text
+    assert _shown_whole(panel, "Pool: 40 passages added")  # the outcome is all there
     _shots(panel, "save-done")
     browser.worker_eval("() => chrome.storage.session.remove('job:first-use')")
     panel.close()
@@ -316,10 +339,7 @@ def test_a_save_shows_its_stage_with_a_bar_and_its_outcome_in_full_at_320px(brow
 
 # -- 14: "Test this search" reads top-down and shows passages as the page reads -----------------------
 def test_test_this_search_rows_run_by_similarity_and_show_no_markdown(browser, models):
-    panel = _panel(browser, "__none__", {"Pool"}, width=400)
-    _ask(panel, "What should retry_limit be when pool_timeout is short?")
-    answer = _last_answer(panel)
-    answer.locator(".answer-meta").wait_for()
+    panel, answer = _answered(browser, "__none__", "What should retry_limit be when pool_timeout is short?")
     answer.locator("details.diag summary").click()
     answer.get_by_role("button", name="Test this search in Pool").click()
     panel.locator("#search-test .bar-row").first.wait_for()
@@ -375,3 +395,75 @@ def test_chips_saves_and_picker_rows_of_the_same_title_tell_apart(browser, pages
     assert visible and all(visible), visible
     _shots(panel, "apart")
     panel.close()
+
+
+# -- 16: Regenerate keeps the earlier answer (1/2); Edit says what it drops -------------------------
+def test_regenerate_keeps_both_answers_and_edit_says_what_it_removes(browser, models):
+    panel = _panel(browser, "numbered", {"Pool"}, width=400)
+    _ask(panel, "What should retry_limit be when pool_timeout is short?")
+    first = _last_answer(panel)
+    first.locator(".answer-meta").wait_for()
+    text1 = first.locator(".answer").inner_text()
+    first.get_by_role("button", name="Regenerate this answer").click()
+    at = "() => document.querySelector('.turn-assistant .version-at')?.textContent === "
+    panel.wait_for_function(at + "'2/2'")
+    answer = _last_answer(panel)
+    text2 = answer.locator(".answer").inner_text()
+    # Before: the first answer was gone, nothing to go back to.
+    assert text1 != text2 and text1.startswith("Answer number"), (text1, text2)
+    answer.get_by_role("button", name="‹ previous answer").click()
+    panel.wait_for_function(at + "'1/2'")
+    assert _last_answer(panel).locator(".answer").inner_text() == text1
+    # the kept versions survive a reload of the panel (stored with the chat)
+    panel.reload()
+    panel.wait_for_selector('body[data-ready="true"]')
+    assert panel.locator(".turn-assistant .version-at").inner_text() == "1/2"
+    # a second question, then editing the first says what sending will remove
+    panel.select_option("#endpoint", "numbered")
+    _ask(panel, "And what about pool_timeout?")
+    panel.wait_for_function("() => document.querySelectorAll('.turn-assistant .answer-meta').length === 2")
+    panel.locator("#stop").wait_for(state="hidden")  # the turn is over (stored), not only shown
+    panel.locator(".turn-user").first.get_by_role("button", name="Edit and resend this question").click()
+    note = panel.locator(".edit-note")
+    # Before: nothing said that the later question and its answer would go.
+    assert note.inner_text() == "Sending replaces this answer and removes the question and answer after it."
+    _shots(panel, "versions-edit")
+    panel.close()
+
+
+# -- 10: the first run says what to do, and how to connect a model ------------------------------------
+def test_the_first_run_guides_to_a_first_save_and_to_a_model(pw, tmp_path, pages):
+    import json
+
+    from browser_helpers import ExtensionBrowser, extension_copy, extension_id, register_host, write_launcher
+
+    ext = extension_copy(tmp_path / "extension", host_permissions=["http://127.0.0.1/*"])
+    profile, home = tmp_path / "profile", tmp_path / "data"
+    register_host(profile, write_launcher(tmp_path / "localkb-host", home),
+                  extension_id(json.loads((ext / "manifest.json").read_text())))
+    with ExtensionBrowser(pw, ext, profile) as fresh:
+        tab = _open_tab(fresh, pages.url("/flux.html"))
+        panel = fresh.open("sidepanel.html", width=320, height=700)
+        panel.wait_for_selector('body[data-ready="true"]')
+        start = panel.locator("#empty-chat")
+        # Before: "Ask a question about what you saved" with nothing saved, "No model" and no way on.
+        assert "Add this tab" in start.inner_text(), start.inner_text()
+        link = start.get_by_role("link", name="Connect a model")
+        assert link.get_attribute("href").startswith("options.html#endpoints")
+        # the select says where a first save goes, in full
+        fits = panel.evaluate("""() => {
+            const s = document.getElementById('add-to');
+            const c = document.createElement('canvas').getContext('2d');
+            c.font = getComputedStyle(s).font;
+            return {text: s.selectedOptions[0].text,
+                    need: c.measureText(s.selectedOptions[0].text).width + 28, width: s.clientWidth};
+        }""")
+        assert fits["text"] == "new knowledge base" and fits["need"] <= fits["width"], fits
+        _shots(panel, "first-run")
+        panel.bring_to_front()
+        fresh.worker_eval("(id) => chrome.tabs.update(id, {active: true})", tab["id"])
+        start.get_by_role("button", name="Add this tab").click()
+        panel.wait_for_function("() => document.getElementById('save-status').dataset.kind === 'done'")
+        assert "My knowledge base" in panel.locator("#save-status").inner_text()
+        panel.wait_for_function("() => !document.querySelector('#empty-chat.first-run')")
+        panel.close()

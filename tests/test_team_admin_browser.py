@@ -10,10 +10,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+import test_team_chat
 from browser_helpers import CHROMIUM_ARGS, WAIT_MS, chromium_path, skip_without_a_browser
 from localkb.errors import Unauthorized
 from localkb.team.client import TeamClient
-from test_team_chat import _make
 
 pytestmark = pytest.mark.browser
 skip_without_a_browser("the team admin-page test")
@@ -23,13 +23,7 @@ from playwright.sync_api import expect, sync_playwright  # noqa: E402
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 
 
-@pytest.fixture
-def team(team_db, settings, tmp_path):
-    ns = _make(team_db, settings, tmp_path)
-    yield ns
-    ns.httpd.shutdown()
-    ns.httpd.server_close()
-    ns.llm.close()
+team = test_team_chat.team  # a team server on its own database, with a loopback model
 
 
 def test_an_administrator_manages_the_team_from_the_admin_page(team):

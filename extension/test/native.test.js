@@ -156,8 +156,10 @@ test("a host that cannot be started is reported as missing", async () => {
   await assert.rejects(host.request("status"), (err) => err.code === "host_missing" && /localkb install/.test(err.message));
 });
 
-test("Chrome's disconnect messages map to stable codes", () => {
+test("Chrome's and Firefox's disconnect messages map to stable codes", () => {
   assert.equal(disconnectCode("Specified native messaging host not found."), "host_missing");
+  // Firefox words it its own way, and puts it on the port rather than in runtime.lastError.
+  assert.equal(disconnectCode("No such native application com.localkb.host"), "host_missing");
   assert.equal(disconnectCode("Access to the specified native messaging host is forbidden."), "host_forbidden");
   assert.equal(disconnectCode("Native host has exited."), "host_exited");
   assert.equal(disconnectCode("Error when communicating with the native messaging host."), "host_disconnected");

@@ -206,7 +206,7 @@ test("where a model runs is the host's word; null reads as unknown, treated as c
 test("progress lines name the stage in words", () => {
   assert.equal(progressText({ state: "capturing" }), "Reading the page…");
   // the first save after an install builds the model: said as such, not "Reading 1 of 1"
-  assert.match(progressText({ state: "saving", stage: "model", done: 0, total: 1 }), /^Preparing the embedding model \(built once/);
+  assert.match(progressText({ state: "saving", stage: "model", done: 0, total: 1 }), /^Preparing the embedding model \(first use/);
   assert.equal(progressText({ state: "saving", stage: "embed", done: 120, total: 340 }), "Embedding 120 of 340");
   assert.equal(progressText({ state: "saving", stage: "write" }), "Writing…");
   assert.equal(

@@ -618,12 +618,17 @@ def cmd_install(args, out: Out) -> int:
         rows = [{**r.__dict__, "manifest": str(r.manifest),
                  "launcher": str(r.launcher) if r.launcher else None} for r in results]
 
+        chrome_id, gecko_id = inst.extension_ids()
+
         def text() -> str:
             lines = []
             for r in results:
                 state = "ok, the host answers" if not r.problem else r.problem
+                # Which extension the registration lets in: Firefox names it by its gecko id.
+                allows = gecko_id if r.browser == "firefox" else f"chrome-extension://{chrome_id}/"
                 lines.append(f"{r.browser:9} {r.manifest}: {state}"
-                             + (f" (localkb {r.version})" if r.version else ""))
+                             + (f" (localkb {r.version})" if r.version else "")
+                             + (f"; allows {allows}" if r.valid else ""))
             return "\n".join(lines) or "no browser found; name one with --browser"
 
         out.emit({"browsers": rows}, text)
@@ -639,6 +644,9 @@ def cmd_install(args, out: Out) -> int:
         if rows:
             lines.append(f"launcher: {rows[0]['launcher']}")
         lines.append(f"extension id: {chrome_id} (Chromium family), {gecko_id} (Firefox)")
+        if any(r["browser"] == "firefox" for r in rows):
+            lines.append("Firefox: `make firefox` writes build/firefox/; load its manifest.json from "
+                         "about:debugging (This Firefox > Load Temporary Add-on)")
         return "\n".join(lines) if rows else "no browser found; name one with --browser"
 
     out.emit({"installed": rows, "extension_id": chrome_id, "firefox_id": gecko_id}, text)

@@ -1340,8 +1340,13 @@ def _url_job(url: str, settings) -> Callable[[], tuple[Document, str]]:
 
 
 def canonical_key(url: str) -> str:
-    """Source key of a web page: its URL without the fragment."""
-    return url.split("#", 1)[0]
+    """Source key of a web page: its URL without the fragment.
+
+    A text fragment (``#:~:text=``) stays: the extension saves a selection under its page's
+    URL with one, and a selection is its own source, never a new version of its page.
+    """
+    base, _, fragment = url.partition("#")
+    return url if fragment.startswith(":~:") else base
 
 
 def trusted_canonical(page_url: str | None, canonical: str | None) -> str | None:

@@ -59,6 +59,7 @@ STAGE_ORDER = ("guard_in", "limits", "access", "cache", "rewrite", "embed", "vec
 PAGE_FILES = {"": ("index.html", "text/html; charset=utf-8"),
               "app.js": ("app.js", "text/javascript; charset=utf-8"),
               "sse.js": ("sse.js", "text/javascript; charset=utf-8"),
+              "dom.js": ("dom.js", "text/javascript; charset=utf-8"),
               "app.css": ("app.css", "text/css; charset=utf-8")}
 
 

@@ -3,21 +3,10 @@
 // kept in sessionStorage and sent as a bearer header (never a cookie); text from the server is
 // only ever set as textContent.
 
+import { el } from "/pipeline/dom.js";
+
 const $ = (sel) => document.querySelector(sel);
 const state = { token: sessionStorage.getItem("localkb-admin-token") || "", levels: [], roles: [], kbs: [] };
-
-function el(tag, attrs = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (v === null || v === undefined || v === false) continue;
-    if (k === "text") node.textContent = v;
-    else if (k === "class") node.className = v;
-    else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
-    else node.setAttribute(k, v === true ? "" : String(v));
-  }
-  for (const c of children) if (c) node.append(c);
-  return node;
-}
 
 async function api(path, options = {}) {
   const resp = await fetch(path, {

@@ -1,24 +1,13 @@
 // The team server's pipeline view: chat on the left; on the right the caller's access, each
 // stage of the last turn with its latency, the rerank table and the cache badges. Text from
 // the server is only ever set as textContent (never parsed as HTML).
+import { el } from "./dom.js";
 import { readSSE } from "./sse.js";
 
 const $ = (sel) => document.querySelector(sel);
 const state = { token: sessionStorage.getItem("localkb-team-token") || "", kbs: [], history: [] };
 /** The order stages are listed in, live or from the result. */
 const STAGE_ORDER = ["guard_in", "limits", "access", "cache", "rewrite", "embed", "vector", "keyword", "fuse", "rerank", "generate", "guard_out", "log"];
-
-function el(tag, attrs = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (v === null || v === undefined || v === false) continue;
-    if (k === "text") node.textContent = v;
-    else if (k === "class") node.className = v;
-    else node.setAttribute(k, v === true ? "" : String(v));
-  }
-  for (const c of children) if (c) node.append(c);
-  return node;
-}
 
 async function api(path, options = {}) {
   const resp = await fetch(path, {
