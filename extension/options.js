@@ -4,6 +4,7 @@
 // host's answer, counts included.
 
 import { el, formatBytes, formatDate, hostMissingNotice, setChildren } from "./dom.js";
+import { addEndpointSetup } from "./endpoints.js";
 import { rememberKnowledgeBases, setDefaultKnowledgeBase } from "./kbs.js";
 import { HostError, NativeHost } from "./native.js";
 import { base64ToBytes, bytesToBase64, splitBytes } from "./parts.js";
@@ -454,6 +455,12 @@ async function loadEndpoints() {
   setChildren($("endpoints"), ...(config.endpoints ?? []).map((/** @type {any} */ e) => endpointRow(e)));
   if (!(config.endpoints ?? []).length) {
     $("endpoints").append(el("p", { class: "muted", id: "no-endpoints", text: "No endpoint yet." }));
+    // Opened from the side panel's "Set up a model": a row to fill in, ready.
+    if (location.hash === "#endpoints") {
+      $("no-endpoints").remove();
+      $("endpoints").append(endpointRow({}));
+      $("endpoints-title").scrollIntoView();
+    }
   }
   // Rows added before the list arrived would be wiped by it: adding waits for the list.
   /** @type {HTMLButtonElement} */ ($("add-endpoint")).disabled = false;
@@ -538,6 +545,7 @@ function endpointRow(e) {
   row.addEventListener("input", update);
   if (e.base_url) show(e.location);
   else update();
+  addEndpointSetup(row, host); // presets, Test and the model picker (endpoints.js)
   row.dataset.where = "ready";
   return row;
 }
@@ -564,6 +572,7 @@ async function saveEndpoints() {
   }
   await host.request("config.set", { endpoints, default_endpoint: chosen ?? endpoints[0]?.name ?? null });
   flash(`Saved ${endpoints.length} endpoint${endpoints.length === 1 ? "" : "s"}.`);
+  chrome.runtime.sendMessage({ type: "endpoints-changed" }).catch(() => {}); // an open side panel reloads them
   await loadEndpoints();
 }
 

@@ -374,6 +374,8 @@ export function locationWords(location) {
 
 /** Human words for the host's save stages. */
 export const STAGE_LABELS = Object.freeze({
+  queued: "Waiting for the files before it",
+  upload: "Sending the file, part",
   model: "Preparing the embedding model",
   extract: "Reading",
   chunk: "Splitting into passages",

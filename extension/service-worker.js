@@ -5,6 +5,7 @@
 // base, the progress of saves) lives in chrome.storage, never in globals.
 
 import { CaptureError, captureLink, captureSelection, captureTab, originPattern } from "./capture.js";
+import { dropFile, inTurn, uploadFile } from "./files.js";
 import { rememberKnowledgeBases } from "./kbs.js";
 import { HostError, NativeHost } from "./native.js";
 import { notificationOptions, openPanel, openPanelOnActionClick } from "./platform.js";
@@ -25,7 +26,7 @@ const host = new NativeHost({ idleMs: 5 * 60 * 1000 });
 /** @type {Map<string, AbortController>} */
 const controllers = new Map();
 
-/** @typedef {"page" | "selection" | "link"} SaveKind */
+/** @typedef {"page" | "selection" | "link" | "file"} SaveKind */
 
 /** Context-menu items: one per kind, to the default KB, plus a "… to" submenu for the others. */
 const MENU_KINDS = /** @type {const} */ ([
@@ -299,6 +300,7 @@ async function notify(id, options) {
  * @property {string} [linkUrl]
  * @property {string} [selectionText]
  * @property {string} [pageUrl] the page's address as the menu click reported it
+ * @property {import("./files.js").DroppedFile} [file] a file added from the side panel
  */
 
 /**
@@ -312,24 +314,31 @@ export async function save(request) {
   const tabId = request.tab.id;
   const controller = new AbortController();
   controllers.set(id, controller);
+  const file = request.kind === "file" ? request.file : undefined;
   let job = await updateJob(id, {
     id,
-    state: "capturing",
-    title: request.kind === "link"
+    // A file waits for the files dropped before it (stage "queued"); nothing to capture.
+    ...(file ? { state: "saving", stage: "queued" } : { state: "capturing" }),
+    title: file?.name ?? (request.kind === "link"
       ? (request.linkUrl ?? "link")
-      : (request.tab.title || request.tab.url || request.pageUrl || "this tab"),
+      : (request.tab.title || request.tab.url || request.pageUrl || "this tab")),
     url: request.kind === "link" ? request.linkUrl : (request.tab.url ?? request.pageUrl),
     capturedBy: request.capturedBy,
     startedAt: Date.now(),
   });
-  await setBadge(tabId, "…", "#5f6368");
+  if (!file) await setBadge(tabId, "…", "#5f6368");
   let progressShown = false;
   try {
     const kb = await targetKb(request.kb);
     job = await updateJob(id, { kbName: kb.name });
     /** @type {import("./capture.js").SourcePayload} */
     let payload;
-    if (request.kind === "link") {
+    if (file) {
+      payload = /** @type {any} */ (await inTurn(() => uploadFile(host, file, {
+        signal: controller.signal,
+        onPart: (done, total) => updateJob(id, { stage: "upload", done, total }),
+      })));
+    } else if (request.kind === "link") {
       if (!request.linkUrl) throw new CaptureError("empty", "There is no link to save.");
       payload = await captureLink(request.linkUrl, { tabId });
     } else if (request.kind === "selection") {
@@ -377,9 +386,10 @@ export async function save(request) {
     );
     const text = reportText(report);
     const badge = reportBadge(report);
-    await setBadge(tabId, badge.text, badge.color);
+    if (!file) await setBadge(tabId, badge.text, badge.color);
     // The host's title (a PDF's own title, a page's <title>) beats the URL the job started with.
-    job = await updateJob(id, { state: "done", report, text, title: report.title || job.title, finishedAt: Date.now() });
+    // A file keeps the name it was dropped with.
+    job = await updateJob(id, { state: "done", report, text, title: (!file && report.title) || job.title, finishedAt: Date.now() });
     if (progressShown) await chrome.notifications.clear(`job:${id}`).catch(() => {});
     await notify(`job:${id}`, {
       type: "basic",
@@ -395,7 +405,7 @@ export async function save(request) {
       // The panel asks for exactly this site, never for every site.
       error.detail = { ...(error.detail ?? {}), origins: [originPattern(url)] };
     }
-    await setBadge(tabId, "!", "#b3261e");
+    if (!file) await setBadge(tabId, "!", "#b3261e");
     job = await updateJob(id, { state: "failed", error, text: error.message, finishedAt: Date.now() });
     if (progressShown) await chrome.notifications.clear(`job:${id}`).catch(() => {});
     await notify(`job:${id}`, {
@@ -407,6 +417,7 @@ export async function save(request) {
     });
   } finally {
     controllers.delete(id);
+    if (file) dropFile(file.key).catch(() => {});
     pruneJobs().catch(() => {});
   }
   return job;
@@ -435,6 +446,8 @@ function onPageMessage(message, _sender) {
   switch (message?.type) {
     case "save-active-tab":
       return saveActiveTab(message.windowId, message.kb);
+    case "save-file": // kept in IndexedDB by the side panel (files.js)
+      return save({ kind: "file", tab: {}, file: message.file, kb: message.kb, capturedBy: "side-panel" });
     case "save-tab":
       return chrome.tabs.get(Number(message.tabId)).catch(() => ({ id: Number(message.tabId) }))
         .then((tab) => save({ kind: "page", tab, kb: message.kb, capturedBy: "side-panel" }));

@@ -11,6 +11,7 @@
 
 import { ChatStore, newChat } from "./chats.js";
 import { el, formatDate, hostMissingNotice, setChildren } from "./dom.js";
+import { setupDrop } from "./drop.js";
 import { sourceLink } from "./fragments.js";
 import { rememberKnowledgeBases } from "./kbs.js";
 import { copyText, ready as markdownReady, renderMarkdown } from "./markdown.js";
@@ -232,6 +233,10 @@ function renderModel() {
     where.className = `pill ${words.kind}`;
     where.title = `${model.name} runs ${words.kind === "device" ? "on this device" : words.text}, as the host decided from its address`;
   }
+  // No endpoint at all: the way to set one up is one click away (options.html#endpoints); the
+  // link takes the pill's place, which a narrow panel has no room for beside it.
+  $("setup-model").hidden = Boolean(model) || state.endpoints.length > 0;
+  if (!$("setup-model").hidden) where.hidden = true;
   const embed = state.status?.model;
   if (embed && (embed.error || embed.loaded === false)) {
     name.title = `${name.title}\nEmbedding model: ${embed.error || "not loaded yet"}`;
@@ -1502,6 +1507,19 @@ $("endpoint").addEventListener("change", (e) => {
   state.endpoint = /** @type {HTMLSelectElement} */ (e.target).value;
   chrome.storage.local.set({ endpoint: state.endpoint });
   renderModel();
+});
+// Files dropped on the panel or chosen with "Add files…" (drop.js) go to the "to" knowledge base.
+setupDrop({
+  target: () => {
+    const select = /** @type {HTMLSelectElement} */ ($("add-to"));
+    return { id: select.value || undefined, name: select.selectedOptions[0]?.textContent ?? "your knowledge base" };
+  },
+  notice: (text) => flashNotice(text),
+});
+// An endpoint saved on the options page (often from "Set up a model") is offered at once.
+chrome.runtime.onMessage.addListener((message) => {
+  if (message?.type === "endpoints-changed" && state.status) loadEndpoints().then(renderModel, () => {});
+  return false;
 });
 // The "Focus the question box" command (service worker) reaches an open panel here.
 chrome.runtime.onMessage.addListener((message) => {

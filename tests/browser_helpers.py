@@ -31,7 +31,8 @@ import shutil
 import sqlite3
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -262,3 +263,22 @@ def skip_without_a_browser(what: str) -> None:
         import playwright.sync_api  # noqa: F401
     except ImportError:  # pragma: no cover - the dev extra installs it
         pytest.skip(f"PLAYWRIGHT NOT INSTALLED: {what} did NOT run.", allow_module_level=True)
+
+
+@contextmanager
+def browser_with_host(tmp: Path, home: Path) -> Iterator[ExtensionBrowser]:
+    """A Chromium of its own (own Playwright) with the extension and the real host on ``home``,
+    the test copy granted ``http://127.0.0.1/*``: a test module's ``browser`` fixture."""
+    from playwright.sync_api import sync_playwright
+
+    ext = extension_copy(tmp / "extension", host_permissions=["http://127.0.0.1/*"])
+    profile = tmp / "profile"
+    launcher = write_launcher(tmp / "localkb-host", home)
+    register_host(profile, launcher, extension_id(json.loads((ext / "manifest.json").read_text())))
+    with sync_playwright() as pw, ExtensionBrowser(pw, ext, profile) as b:
+        yield b
+
+
+def host_request(browser: ExtensionBrowser, type_: str, data: dict | None = None) -> Any:
+    """A request to the real host through the worker's native port."""
+    return browser.worker_eval("([t, d]) => localkb.host.request(t, d)", [type_, data or {}])

@@ -98,3 +98,41 @@ def test_the_options_page_has_no_serious_or_critical_axe_finding(browser, saved)
     found += _serious(options, "options, dark")
     options.close()
     assert found == [], "\n".join(found)
+
+
+def test_the_drop_target_added_files_and_endpoint_setup_have_no_serious_finding(browser, saved):
+    """The screens of issue 39 items 3 and 4: the drop target over the panel, a dropped file's
+    save, the "Set up a model" link, and an endpoint row after Test on the options page."""
+    panel = _open_panel(browser, width=400, height=800)
+    panel.evaluate("""() => {
+        const dt = new DataTransfer();
+        dt.items.add(new File(['# Notes'], 'notes.md', {type: 'text/markdown'}));
+        document.body.dispatchEvent(
+            new DragEvent('dragenter', {bubbles: true, cancelable: true, dataTransfer: dt}));
+    }""")
+    panel.locator("#drop-target").wait_for()
+    found = _serious(panel, "drop target")
+    panel.evaluate("() => document.body.dispatchEvent(new DragEvent('dragleave', {bubbles: true}))")
+    tea = b"# Tea\n\nGreen tea wants 80 C water.\n"
+    panel.locator("#add-files-input").set_input_files(
+        [{"name": "tea.md", "mimeType": "text/markdown", "buffer": tea}])
+    panel.click("#saves-toggle")
+    panel.locator('#jobs .job[data-state="done"]', has=panel.locator(".title", has_text="tea.md")).wait_for()
+    found += _serious(panel, "file saved")
+    options = browser.open("options.html#endpoints", width=600)
+    options.wait_for_selector('#endpoints[data-loaded="true"]')
+    if options.locator(".endpoint-row").count() == 0:
+        options.click("#add-endpoint")
+    row = options.locator(".endpoint-row").last
+    row.locator('[name="preset"]').select_option("custom")
+    row.locator('[name="base_url"]').fill("http://127.0.0.1:9/v1")
+    row.locator('[name="test"]').click()
+    row.locator(".test-line.bad").wait_for()
+    for scheme in ("light", "dark"):
+        panel.emulate_media(color_scheme=scheme)
+        options.emulate_media(color_scheme=scheme)
+        found += _serious(panel, f"panel after a file, {scheme}")
+        found += _serious(options, f"endpoint tested, {scheme}")
+    options.close()
+    panel.close()
+    assert found == [], "\n".join(found)

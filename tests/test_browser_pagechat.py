@@ -19,12 +19,10 @@ import pytest
 from browser_helpers import (
     ExtensionBrowser,
     PageServer,
+    browser_with_host,
     catalog_rows,
-    extension_copy,
-    extension_id,
-    register_host,
+    host_request,
     skip_without_a_browser,
-    write_launcher,
 )
 from fakellm import FakeLLM
 
@@ -70,18 +68,11 @@ def pages() -> Iterator[PageServer]:
 
 @pytest.fixture(scope="module")
 def browser(tmp_module: Path, home: Path) -> Iterator[ExtensionBrowser]:
-    from playwright.sync_api import sync_playwright
-
-    ext = extension_copy(tmp_module / "extension", host_permissions=["http://127.0.0.1/*"])
-    profile = tmp_module / "profile"
-    launcher = write_launcher(tmp_module / "localkb-host", home)
-    register_host(profile, launcher, extension_id(json.loads((ext / "manifest.json").read_text())))
-    with sync_playwright() as pw, ExtensionBrowser(pw, ext, profile) as b:
+    with browser_with_host(tmp_module, home) as b:
         yield b
 
 
-def _host(browser: ExtensionBrowser, type_: str, data: dict | None = None):
-    return browser.worker_eval("([t, d]) => localkb.host.request(t, d)", [type_, data or {}])
+_host = host_request
 
 
 @pytest.fixture(scope="module")

@@ -169,12 +169,17 @@ def h_source_add(data: dict, ctx) -> dict:
     pdf = b64_bytes(data, "pdf_base64")
     file = b64_bytes(data, "file_base64")
     file_name = req_str(data, "file_name", required=False, max_len=1000)
+    upload = req_str(data, "upload", required=False, max_len=100)
+    if upload is not None:  # a dropped file sent in parts (`upload`): its bytes stand for file_base64
+        if file is not None:
+            raise InvalidInput("give 'upload' or 'file_base64', not both", detail={"field": "upload"})
+        file = _take_upload(upload)
     captured_by = req_str(data, "captured_by", required=False, max_len=40) or "api"
     kb = get_library().open_kb(req_str(data, "kb", max_len=200))
     if getattr(kb, "remote", False):  # a team knowledge base: its server extracts, embeds, writes
         return kb.add_capture(url=url, title=title, html=html, text=text, captured_by=captured_by,
                               pdf_base64=data.get("pdf_base64") if pdf is not None else None,
-                              file_base64=data.get("file_base64") if file is not None else None,
+                              file_base64=None if file is None else base64.b64encode(file).decode("ascii"),
                               file_name=file_name,
                               canonical_url=req_str(data, "canonical_url", required=False, max_len=8192),
                               lang=req_str(data, "lang", required=False, max_len=35),
@@ -312,6 +317,31 @@ def h_config_set(data: dict, ctx) -> dict:
     cfg = LLMConfig(endpoints=tuple(parsed), default_endpoint=default)
     save_config(root, cfg)
     return {**cfg.public_dict(), "notes": notes}
+
+
+def h_endpoint_test(data: dict, ctx) -> dict:
+    """Does an endpoint answer? ``{base_url, api_key?, api_key_env?, mark_cloud?, name?}`` ->
+    ``{ok, models, location, error}``: the host asks ``GET {base_url}/models`` (never the page).
+
+    A saved endpoint's name with no ``api_key`` tests with its stored key while the URL is
+    unchanged (as ``config.set`` would keep it). Not answering is a result (``ok: false`` and
+    the reason), not an error; ``location`` is the privacy gate's verdict either way.
+    """
+    from localkb.answer.llm import Timeouts, list_models, load_config, merge_endpoint
+
+    given = {k: data[k] for k in ("name", "base_url", "api_key", "api_key_env", "mark_cloud") if k in data}
+    given["name"] = given.get("name") or "test"
+    given["model"] = "test"  # the model is what this finds out
+    endpoint, _ = merge_endpoint(load_config(get_store().root), given)
+    public = endpoint.public_dict()
+    out = {"ok": False, "models": [], "location": public["location"], "base_url": public["base_url"],
+           "error": None}
+    try:
+        out["models"] = list_models(endpoint, timeout=Timeouts(connect=5.0, read=15.0))[:500]
+        out["ok"] = True
+    except LocalKBError as err:
+        out["error"] = {"code": err.code, "message": err.message, "reason": err.detail.get("reason")}
+    return out
 
 
 # -- chat --------------------------------------------------------------------------
@@ -478,6 +508,37 @@ def _get_uploads():
         return _uploads
 
 
+def _take_upload(upload: str) -> bytes:
+    """The bytes of a finished upload; the upload is dropped (the caller holds the bytes now)."""
+    uploads = _get_uploads()
+    try:
+        return uploads.take(upload).read_bytes()
+    finally:
+        uploads.drop(upload)
+
+
+def h_upload(data: dict, ctx) -> dict:
+    """A file sent in parts, for ``source.add`` (``upload``): begin, part, abort.
+
+    {action: "begin"} -> {upload, max_bytes, part_bytes}; {action: "part", upload, index (0, 1,
+    ...), data_base64} -> {upload, parts, bytes}; {action: "abort", upload} -> {aborted}. The
+    same bounded upload area as ``kb.import``; ``source.add`` with ``upload`` takes and drops it.
+    """
+    uploads = _get_uploads()
+    action = req_str(data, "action", max_len=20)
+    if action == "begin":
+        return {"upload": uploads.begin(), "max_bytes": uploads.max_bytes, "part_bytes": MAX_UPLOAD_PART}
+    upload = req_str(data, "upload", max_len=100)
+    if action == "part":
+        raw = b64_bytes(data, "data_base64", max_bytes=MAX_UPLOAD_PART)
+        if raw is None:
+            raise InvalidInput("'data_base64' is required", detail={"field": "data_base64"})
+        return uploads.part(upload, req_int(data, "index", 0, lo=0, hi=10**7), raw)
+    if action == "abort":
+        return {"aborted": uploads.drop(upload)}
+    raise InvalidInput("'action' must be begin, part or abort", detail={"field": "action"})
+
+
 def h_kb_export(data: dict, ctx) -> dict:
     """Export a knowledge base as .awkb, encrypted when ``passphrase`` is given.
 
@@ -546,16 +607,9 @@ def h_kb_import(data: dict, ctx) -> dict:
 
     uploads = _get_uploads()
     action = req_str(data, "action", max_len=20)
-    if action == "begin":
-        return {"upload": uploads.begin(), "max_bytes": uploads.max_bytes}
+    if action in ("begin", "part", "abort"):  # the upload itself is the shared one of `upload`
+        return h_upload(data, ctx)
     upload = req_str(data, "upload", max_len=100)
-    if action == "part":
-        raw = b64_bytes(data, "data_base64", max_bytes=MAX_UPLOAD_PART)
-        if raw is None:
-            raise InvalidInput("'data_base64' is required", detail={"field": "data_base64"})
-        return uploads.part(upload, req_int(data, "index", 0, lo=0, hi=10**7), raw)
-    if action == "abort":
-        return {"aborted": uploads.drop(upload)}
     if action != "commit":
         raise InvalidInput("'action' must be begin, part, commit or abort", detail={"field": "action"})
     path = uploads.take(upload)
@@ -613,4 +667,6 @@ HANDLERS: dict[str, Handler] = {
     "kb.export": h_kb_export,
     "kb.import": h_kb_import,
     "kb.reembed": h_kb_reembed,
+    "upload": h_upload,
+    "endpoint.test": h_endpoint_test,
 }
