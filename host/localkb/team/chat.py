@@ -101,7 +101,7 @@ class TeamChat:
         self.cache = AnswerCache(threshold=threshold if threshold is not None else 1.0)
         self.semantic = threshold is not None
         self.limiter = RateLimiter(api.db, config.caps)
-        self.log = QueryLog(api.db)
+        self.log = QueryLog(api.db, instance=api.instance)
         self._lock = threading.Lock()
 
     def routes(self) -> list[tuple[str, tuple[str, ...], Any, bool]]:

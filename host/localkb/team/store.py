@@ -237,6 +237,7 @@ class TeamStore(KnowledgeStore):
     """The team database as one user sees it (``Access.system()``: the server's own view)."""
 
     history_is_local = False  # a chat's history comes from the client's machine
+    concurrent = True  # each knowledge base's search takes its own connections: run side by side
 
     def __init__(self, db: Database, settings: Settings, access: Access, *,
                  models: EmbedderRegistry | None = None, write_level: int | None = None) -> None:
@@ -970,6 +971,8 @@ class TeamLegs(Legs):
     """
 
     session_settings: dict[str, object] = {}  # noqa: RUF012 - a class-wide hook, replaced, never mutated
+    #: Each call takes its own pooled connection: the Searcher runs the two legs side by side.
+    concurrent = True
 
     def __init__(self, kb: TeamKnowledgeBase) -> None:
         self.kb = kb
