@@ -17,6 +17,8 @@
  * @property {string} [line] the host's own wording of this line (search.status_line)
  */
 
+import { renderedLine } from "./fragments.js";
+
 /**
  * @typedef {object} SaveReport
  * @property {string} [title]
@@ -300,10 +302,35 @@ export function scoreBars(hits, cutoff) {
       value: v,
       pct: v === null ? 0 : pct(v),
       above: v !== null && hasCut ? v >= /** @type {number} */ (cutoff) : v !== null,
+      rank: i + 1,
       hit,
     };
   });
+  // The search's order is fused (vector and keyword), so its cosines are not monotone: the
+  // chart reads top-down by the similarity it draws, each row keeping its rank in the search.
+  rows.sort((a, b) => (b.value ?? -Infinity) - (a.value ?? -Infinity) || a.rank - b.rank);
   return { rows, cutoffPct: hasCut ? pct(/** @type {number} */ (cutoff)) : null, min, max: top };
+}
+
+/**
+ * The first words of a passage as the page reads: without the title line the host puts in
+ * front of every passage (the row already shows the title), headings set off by " · ", and
+ * no Markdown marks (code ticks, emphasis, link addresses, table pipes).
+ * @param {string | undefined} text
+ * @param {string | undefined} title
+ * @param {number} [max] characters
+ */
+export function passageSnippet(text, title, max = 160) {
+  let lines = String(text ?? "").split("\n").map((l) => l.trim()).filter(Boolean);
+  if (lines.length > 1 && title && (lines[0] === title.trim() || (lines[0].endsWith("…") && title.startsWith(lines[0].slice(0, -1))))) lines = lines.slice(1);
+  // A heading that repeats the title (a page's own <h1>) says nothing the row does not.
+  lines = lines.filter((l, i) => !(i === 0 && /^#+\s/.test(l) && l.replace(/^#+\s*/, "") === String(title ?? "").trim()));
+  const flat = lines
+    .map((l) => (/^#+\s/.test(l) ? `${renderedLine(l.replace(/^#+\s*/, ""))} ·` : renderedLine(l)))
+    .join(" ")
+    .replace(/\s+/g, " ")
+    .trim();
+  return flat.length > max ? `${flat.slice(0, max).replace(/\s+\S*$/, "")}…` : flat;
 }
 
 /**
@@ -388,4 +415,48 @@ export function progressText(job) {
   }
   if (typeof job.eta_s === "number" && Number.isFinite(job.eta_s)) parts.push(eta(job.eta_s));
   return parts.join(SEP);
+}
+
+/**
+ * What tells apart items whose labels would show the same prefix (chips, saves and picker rows
+ * truncate at the end): for each such group the first detail whose values differ (a host, a
+ * path, a passage number), or, where the labels differ only past the prefix, their differing
+ * ends. "" where the label alone tells an item apart.
+ * @param {{label: string, details: string[]}[]} items
+ * @param {number} [prefix] the characters a label shows before it is cut
+ * @returns {string[]}
+ */
+export function tellApart(items, prefix = 24) {
+  const out = items.map(() => "");
+  /** @type {Map<string, number[]>} */
+  const groups = new Map();
+  items.forEach((item, i) => {
+    const key = item.label.slice(0, prefix).toLowerCase();
+    groups.set(key, [...(groups.get(key) ?? []), i]);
+  });
+  for (const group of groups.values()) {
+    if (group.length < 2) continue;
+    const labels = group.map((i) => items[i].label);
+    if (new Set(labels).size === labels.length) {
+      let common = 0;
+      while (labels.every((l) => l[common] !== undefined && l[common] === labels[0][common])) common += 1;
+      const from = Math.max(0, labels[0].lastIndexOf(" ", common) + 1);
+      group.forEach((i) => {
+        const tail = items[i].label.slice(from);
+        out[i] = `…${tail.length > 24 ? `${tail.slice(0, 23)}…` : tail}`;
+      });
+      continue;
+    }
+    const depth = Math.max(...group.map((i) => items[i].details.length));
+    for (let d = 0; d < depth; d += 1) {
+      const values = group.map((i) => items[i].details[d] ?? "");
+      if (new Set(values).size > 1) {
+        group.forEach((i, j) => {
+          out[i] = values[j];
+        });
+        break;
+      }
+    }
+  }
+  return out;
 }

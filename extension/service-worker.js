@@ -104,6 +104,7 @@ async function buildMenus() {
     }
   }
   await createMenu({ id: "save-tab", title: "Add this tab to LocalKB", contexts: ["action"] });
+  for (const { kind, title } of ASK_KINDS) await createMenu({ id: `ask-${kind}`, title, contexts: ["selection"] });
 }
 
 /**
@@ -114,6 +115,8 @@ async function buildMenus() {
  */
 export function onMenuClick(info, tab) {
   const id = String(info.menuItemId);
+  const asked = /^ask-(explain|summarize|about)$/.exec(id);
+  if (asked) return askInPanel(/** @type {AskKind} */ (asked[1]), info, tab);
   const match = /^save-(page|selection|link|tab)(?:@(.+))?$/.exec(id);
   if (!match || !tab || tab.id === undefined) return Promise.resolve(null);
   const kind = /** @type {SaveKind} */ (match[1] === "tab" ? "page" : match[1]);
@@ -149,6 +152,36 @@ export async function onCommand(command, tab) {
     return { focused: true };
   }
   return null;
+}
+
+// ---- a selection into the side panel (pagechat.js answers it) ----
+
+/** @typedef {"explain" | "summarize" | "about"} AskKind */
+
+/** Selection menu items that open the panel on the selection, grounded in the page. */
+const ASK_KINDS = /** @type {const} */ ([
+  { kind: "explain", title: "Explain with LocalKB" },
+  { kind: "summarize", title: "Summarize with LocalKB" },
+  { kind: "about", title: "Ask LocalKB about this" },
+]);
+
+/**
+ * Open the side panel and leave the request where it looks (storage.session survives this
+ * worker stopping; an open panel hears the change, a panel just opening reads it).
+ * @param {AskKind} kind
+ * @param {chrome.contextMenus.OnClickData} info
+ * @param {chrome.tabs.Tab | undefined} tab
+ */
+function askInPanel(kind, info, tab) {
+  // sidePanel.open must be called while the click's user gesture lasts: first thing.
+  const opening = tab?.windowId !== undefined
+    ? chrome.sidePanel.open({ windowId: tab.windowId }).catch(() => {})
+    : Promise.resolve();
+  const panelRequest = {
+    kind, selection: info.selectionText ?? "", tabId: tab?.id, url: info.pageUrl ?? tab?.url,
+    title: tab?.title, at: Date.now(),
+  };
+  return opening.then(() => chrome.storage.session.set({ panelRequest })).then(() => panelRequest);
 }
 
 // ---- knowledge bases ----
@@ -402,6 +435,9 @@ function onPageMessage(message, _sender) {
   switch (message?.type) {
     case "save-active-tab":
       return saveActiveTab(message.windowId, message.kb);
+    case "save-tab":
+      return chrome.tabs.get(Number(message.tabId)).catch(() => ({ id: Number(message.tabId) }))
+        .then((tab) => save({ kind: "page", tab, kb: message.kb, capturedBy: "side-panel" }));
     case "cancel-job":
       return Promise.resolve({ cancelled: cancelJob(String(message.jobId)) });
     case "kbs-changed":

@@ -15,6 +15,7 @@ import { sourceLink } from "./fragments.js";
 import { rememberKnowledgeBases } from "./kbs.js";
 import { copyText, ready as markdownReady, renderMarkdown } from "./markdown.js";
 import { HostError, NativeHost } from "./native.js";
+import { initPageChat, pageRequest, resetPageChat } from "./pagechat.js";
 import {
   canTestSearch,
   canUseWeaker,
@@ -23,10 +24,12 @@ import {
   locationWords,
   modelLine,
   passageFacts,
+  passageSnippet,
   privacyLabel,
   progressText,
   scoreBars,
   stepLine,
+  tellApart,
 } from "./render.js";
 
 const host = new NativeHost();
@@ -62,6 +65,7 @@ const $ = (id) => document.getElementById(id);
  * @property {boolean} [stopped]
  * @property {{code: string, message: string}} [error]
  * @property {{endpoint: string, code: string, message: string} | null} [model_error] the model was asked and failed
+ * @property {boolean} [summarize] the open page's summary (pagechat.js), not a question
  */
 
 const state = {
@@ -98,6 +102,7 @@ async function connect() {
   await restoreChat();
   await renderJobs();
   setReady(true);
+  initPageChat({ host, ask, currentModel, flash: flashNotice });
   if (document.activeElement === document.body) $("question").focus();
 }
 
@@ -245,9 +250,10 @@ function renderKnowledgeBases(defaultKb) {
   const cloud = modelIsCloud();
   const model = currentModel();
   const filter = /** @type {HTMLInputElement} */ ($("kb-filter")).value.trim().toLowerCase();
-  const items = state.kbs
-    .filter((kb) => !filter || kb.name.toLowerCase().includes(filter))
-    .map((kb) => {
+  const shown = state.kbs.filter((kb) => !filter || kb.name.toLowerCase().includes(filter));
+  const kbsApart = tellApart(shown.map((kb) => ({ label: kb.name, details: [kb.origin === "team" ? `team ${kb.team ?? ""}` : "this computer"] })));
+  const items = shown
+    .map((kb, i) => {
       const id = `kb-${kb.id}`;
       const blocked = cloud && kb.privacy !== "cloud";
       const team = kb.origin === "team";
@@ -267,6 +273,7 @@ function renderKnowledgeBases(defaultKb) {
           },
         }),
         el("span", { class: "name", text: kb.name }),
+        kbsApart[i] ? el("span", { class: "apart muted", text: kbsApart[i] }) : null,
         team ? el("span", { class: "pill muted", text: "team", title: kb.team ? `From the team server ${kb.team}` : "From a team server" }) : null,
         el("span", { class: "count muted", text: `${kb.sources ?? 0} src` }),
         el("span", {
@@ -378,14 +385,16 @@ async function renderJobs() {
     $("grant-hint").textContent =
       "LocalKB could not tell which site this tab is on. Right-click the page and choose “Save page to LocalKB”: that lets it read this one page.";
   }
-  const rows = jobs.map((job) => {
+  const jobsApart = tellApart(jobs.map((job) => ({ label: String(job.title ?? ""), details: jobDetails(job) })));
+  const rows = jobs.map((job, i) => {
     const running = job.state === "capturing" || job.state === "saving";
     let kind = job.state;
     if (job.state === "done") kind = job.report?.failed ? "partial" : job.text === "unchanged" ? "unchanged" : "done";
     return el(
       "li",
       { class: `job ${kind}`, dataset: { job: job.id, state: job.state } },
-      el("span", { class: "title", text: job.title, title: job.url ?? job.title }),
+      el("span", { class: "title" }, el("span", { class: "t", text: job.title, title: job.url ?? job.title }),
+        jobsApart[i] ? el("span", { class: "d", text: jobsApart[i] }) : null),
       running
         ? el("button", {
             type: "button",
@@ -495,6 +504,7 @@ async function saveChat() {
 async function startNewChat() {
   if (state.asking) return;
   state.chat = newChat();
+  resetPageChat(); // the page's cloud allowance is given per chat
   await chats.setCurrent(state.chat.id);
   renderChat();
   $("question").focus();
@@ -676,7 +686,7 @@ function historyBefore(upTo) {
 /**
  * Ask (or ask again) a question, streaming the answer into the conversation.
  * @param {string} message
- * @param {{weakerKbs?: string[], replace?: number, keepAfter?: boolean, continueFrom?: string, continueKbs?: string[]}} [options]
+ * @param {{weakerKbs?: string[], replace?: number, keepAfter?: boolean, continueFrom?: string, continueKbs?: string[], summarize?: boolean, pageId?: string}} [options]
  *   replace: index of the turn to answer again; continueFrom: the stopped answer to continue,
  *   continueKbs: its provenance (the host's `provenance` event); without it the host treats the
  *   text as device only
@@ -686,7 +696,12 @@ async function ask(message, options = {}) {
   const kbs = options.replace !== undefined && options.keepAfter !== false
     ? state.chat.turns[options.replace].kbs
     : [...state.selected];
-  if (!kbs.length) {
+  // The open page (pagechat.js), searched beside the knowledge bases when one is attached.
+  const page = await pageRequest(options.pageId).catch((err) => {
+    flashNotice(`This page could not be read again: ${err.message}`);
+    return null;
+  });
+  if (!kbs.length && !page) {
     flashNotice("Pick at least one knowledge base to ask (Ask in, above the question box).");
     return;
   }
@@ -697,6 +712,9 @@ async function ask(message, options = {}) {
   const endpoint = state.endpoint === NO_MODEL ? null : state.endpoint;
   /** @type {Turn} */
   const turn = { message, kbs, endpoint, weakerKbs: options.weakerKbs ?? [] };
+  // A summary asked again (Regenerate, Try again) is a summary again.
+  const summarize = options.summarize ?? (options.replace !== undefined && Boolean(state.chat.turns[options.replace]?.summarize));
+  if (summarize) turn.summarize = true;
   const block = assistantBlock();
   if (options.replace === undefined) {
     box.append(userBlock(turn, index), block.root);
@@ -736,7 +754,10 @@ async function ask(message, options = {}) {
   };
   let requestId = "";
   /** @type {Record<string, any>} */
-  const data = { kbs, message, history };
+  const data = { message, history };
+  if (kbs.length) data.kbs = kbs;
+  if (page) Object.assign(data, page);
+  if (summarize) data.summarize = true;
   if (endpoint) data.endpoint = endpoint;
   else if (state.endpoints.length) data.extractive = true; // chosen; without endpoints the host says so itself
   if (turn.weakerKbs?.length) data.use_weaker_matches = turn.weakerKbs;
@@ -759,9 +780,9 @@ async function ask(message, options = {}) {
           if (old) old.replaceWith(li);
           else block.steps.append(li);
           stepsByKb.set(payload.kb, li);
-          if (waiting === 0) block.summary.textContent = `Searching… ${stepsByKb.size} of ${kbs.length} done`;
+          if (waiting === 0) block.summary.textContent = `Searching… ${stepsByKb.size} of ${kbs.length + (page ? 1 : 0)} done`;
           renderAlerts(block, [...stepsByKb.keys()].map((k) => stepsByKb.get(k).__status), turn, index);
-          if (stepsByKb.size >= kbs.length) startWaiting();
+          if (stepsByKb.size >= kbs.length + (page ? 1 : 0)) startWaiting();
         } else if (event === "provenance") {
           // Every knowledge base that reached the prompt, sent before the first token: a turn
           // stopped mid-stream keeps it, so its text goes on only where the gate allows.
@@ -885,16 +906,16 @@ function renderFinal(block, turn, index) {
     turn.answer ? renderMarkdown(turn.answer, { citations, onCite: (n) => openPassage(byN.get(n)) }) : null,
   );
   block.answer.hidden = !turn.answer;
+  const apart = tellApart(citations.map((c) => ({ label: c.title || c.url || "passage", details: citationDetails(c) })));
   setChildren(
     block.sources,
-    ...citations.map((c) =>
-      el("button", {
-        type: "button",
-        class: "small",
-        text: `[${c.n}] ${c.title || c.url || "passage"}`,
-        title: `${c.kb_name ?? ""} · ${c.title ?? ""}`,
-        onclick: () => openPassage(c),
-      }),
+    ...citations.map((c, i) =>
+      el(
+        "button",
+        { type: "button", class: "small chip", title: `${c.kb_name ?? ""} · ${c.title ?? ""}${apart[i] ? ` · ${apart[i]}` : ""}`, onclick: () => openPassage(c) },
+        el("span", { class: "t", text: `[${c.n}] ${c.title || c.url || "passage"}` }),
+        apart[i] ? el("span", { class: "d", text: apart[i] }) : null,
+      ),
     ),
   );
   // Skipped and unavailable knowledge bases already have their own lines above.
@@ -931,6 +952,38 @@ function renderFinal(block, turn, index) {
   }
   actions.push(el("button", { type: "button", class: "link", text: "Regenerate", "aria-label": "Regenerate this answer", onclick: () => ask(turn.message, { replace: index }) }));
   setChildren(block.actions, ...actions);
+}
+
+/**
+ * What can tell a cited passage from another of the same title: its knowledge base, its site,
+ * its path (or file), its place in the source.
+ * @param {any} c
+ * @returns {string[]}
+ */
+function citationDetails(c) {
+  const details = [c.kb_name ?? ""];
+  try {
+    const url = new URL(c.url);
+    details.push(url.host, url.pathname.split("/").filter(Boolean).slice(-2).join("/"));
+  } catch {
+    details.push("", c.file_name ?? "");
+  }
+  if (Number.isInteger(c.chunk_index)) details.push(`passage ${c.chunk_index + 1}`);
+  return details;
+}
+
+/**
+ * What tells one save from another of the same title: its site, its path, its knowledge base.
+ * @param {any} job
+ * @returns {string[]}
+ */
+function jobDetails(job) {
+  try {
+    const url = new URL(job.url);
+    return [url.host, url.pathname.split("/").filter(Boolean).slice(-2).join("/"), job.kbName ?? ""];
+  } catch {
+    return ["", "", job.kbName ?? ""];
+  }
 }
 
 /**
@@ -1232,8 +1285,8 @@ async function testSearch(status, query) {
     el(
       "div",
       { class: "bar-row", dataset: { above: String(row.above) } },
-      el("span", { class: "bar-title", text: row.label, title: row.label }),
-      el("span", { class: "bar-snippet", text: snippet(row.hit.text, row.hit.title) }),
+      el("span", { class: "bar-title", text: `${row.label} · search rank ${row.rank}`, title: row.label }),
+      el("span", { class: "bar-snippet", text: passageSnippet(row.hit.text, row.hit.title) }),
       el(
         "div",
         { class: "bar-track" },
@@ -1264,21 +1317,6 @@ async function testSearch(status, query) {
     area,
     el("div", { class: "axis" }, el("span", { text: `similarity ${formatScore(layout.min)}` }), el("span", { text: formatScore(layout.max) })),
   );
-}
-
-/**
- * The first words of a passage, for the search test's rows: without the title line the host
- * puts in front of every passage (the row already shows the title), headings set off by " · ".
- * @param {string | undefined} text
- * @param {string | undefined} title
- */
-function snippet(text, title) {
-  let lines = String(text ?? "").split("\n").map((l) => l.trim()).filter(Boolean);
-  if (lines.length > 1 && title && (lines[0] === title.trim() || (lines[0].endsWith("…") && title.startsWith(lines[0].slice(0, -1))))) lines = lines.slice(1);
-  // A heading that repeats the title (a page's own <h1>) says nothing the row does not.
-  lines = lines.filter((l, i) => !(i === 0 && /^#+\s/.test(l) && l.replace(/^#+\s*/, "") === String(title ?? "").trim()));
-  const flat = lines.map((l) => (/^#+\s/.test(l) ? `${l.replace(/^#+\s*/, "")} ·` : l)).join(" ").replace(/\s+/g, " ").trim();
-  return flat.length > 160 ? `${flat.slice(0, 160).replace(/\s+\S*$/, "")}…` : flat;
 }
 
 /**

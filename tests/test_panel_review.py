@@ -312,3 +312,66 @@ def test_a_save_shows_its_stage_with_a_bar_and_its_outcome_in_full_at_320px(brow
     _shots(panel, "save-done")
     browser.worker_eval("() => chrome.storage.session.remove('job:first-use')")
     panel.close()
+
+
+# -- 14: "Test this search" reads top-down and shows passages as the page reads -----------------------
+def test_test_this_search_rows_run_by_similarity_and_show_no_markdown(browser, models):
+    panel = _panel(browser, "__none__", {"Pool"}, width=400)
+    _ask(panel, "What should retry_limit be when pool_timeout is short?")
+    answer = _last_answer(panel)
+    answer.locator(".answer-meta").wait_for()
+    answer.locator("details.diag summary").click()
+    answer.get_by_role("button", name="Test this search in Pool").click()
+    panel.locator("#search-test .bar-row").first.wait_for()
+    rows = panel.evaluate("""() => [...document.querySelectorAll('#search-test .bar-row')].map((r) => ({
+        title: r.querySelector('.bar-title').textContent,
+        snippet: r.querySelector('.bar-snippet').textContent,
+        width: parseFloat(r.querySelector('.bar-fill').style.width)}))""")
+    widths = [r["width"] for r in rows]
+    # Before: rows in the fused order, bars up and down; snippets with `retry_limit` ticks.
+    assert widths == sorted(widths, reverse=True), rows
+    assert all("search rank" in r["title"] for r in rows), rows
+    assert not any(c in r["snippet"] for r in rows for c in "`*|"), rows
+    assert any("retry_limit" in r["snippet"] for r in rows), rows
+    _shots(panel, "search-test")
+    panel.close()
+
+
+# -- 12: items of the same title show what tells them apart -------------------------------------------
+TWIN_PAGE = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Install guide</title></head>
+<body><main><article><h1>Install guide</h1><p>To install the {what} agent, unpack the archive into
+/opt/{what} and run the {what} setup script once as root; the {what} service starts at boot.</p>
+</article></main></body></html>"""
+
+
+def test_chips_saves_and_picker_rows_of_the_same_title_tell_apart(browser, pages, models):
+    kb = _host(browser, "kb.create", {"name": "Twins", "privacy": "device"})["knowledge_base"]
+    for what in ("alpha", "beta"):
+        page = TWIN_PAGE.format(what=what).encode()
+        pages.routes[f"/{what}/install.html"] = ("text/html; charset=utf-8", page)
+        tab = _open_tab(browser, pages.url(f"/{what}/install.html"))
+        assert _menu_click(browser, {"menuItemId": f"save-page@{kb['id']}"}, tab)["state"] == "done"
+    for year in (2024, 2025):
+        _host(browser, "kb.create", {"name": f"Engineering handbook, platform team, {year} edition",
+                                      "privacy": "device"})
+    panel = _panel(browser, "__none__", {"Twins"}, width=320)
+    _ask(panel, "How do I install the agent, alpha or beta?")
+    answer = _last_answer(panel)
+    answer.locator(".answer-meta").wait_for()
+    chips = [c for c in answer.locator(".sources button").all_inner_texts() if "Install guide" in c]
+    # Before: "[1] Install guide" and "[2] Install guide", nothing more.
+    assert len(chips) == 2 and len({c.split("]", 1)[1] for c in chips}) == 2, chips
+    assert any("alpha" in c for c in chips) and any("beta" in c for c in chips), chips
+    panel.click("#saves-toggle")
+    saves = [t for t in panel.locator("#jobs .job .title").all_inner_texts() if t.startswith("Install guide")]
+    assert len(saves) == 2 and len(set(saves)) == 2, saves
+    panel.keyboard.press("Escape")
+    _open_kb_picker(panel)
+    handbooks = [t for t in panel.locator("#kb-list .kb-option").all_inner_texts() if "Engineering" in t]
+    assert any("2024 edition" in t for t in handbooks), handbooks
+    assert any("2025 edition" in t for t in handbooks), handbooks
+    visible = panel.evaluate("""() => [...document.querySelectorAll('#kb-list .kb-option .apart')]
+        .map((s) => { const r = s.getBoundingClientRect(); return r.width > 0 && r.right <= innerWidth; })""")
+    assert visible and all(visible), visible
+    _shots(panel, "apart")
+    panel.close()

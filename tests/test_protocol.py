@@ -10,7 +10,7 @@ import struct
 import pytest
 
 from hostproc import HEADER, HostGone, HostProcess, frame, frame_json, tiny_host_argv
-from localkb.errors import ProtocolError
+from localkb.errors import InvalidInput, ProtocolError
 from localkb.native import protocol
 from localkb.native.host import DEFAULT_WORKERS, EXIT_OK, EXIT_UNTRUSTED
 
@@ -71,7 +71,6 @@ MALFORMED = [
     (b"\xff\xfe{}", "invalid_utf8", None),
     (b'{"id": 1, "type": "echo"', "invalid_json", None),
     (b"", "invalid_json", None),
-    (b"[" * 100_000 + b"]" * 100_000, "invalid_json", None),
     (b'{"id": ' + b"9" * 5000 + b', "type": "echo"}', "invalid_json", None),
     (b'[{"id": 1, "type": "echo"}]', "not_an_object", None),
     (b'"just a string"', "not_an_object", None),
@@ -97,6 +96,16 @@ def test_malformed_request_has_a_stable_reason(body, reason, request_id):
     assert info.value.code == "protocol_error"
     assert info.value.detail == {"reason": reason}
     assert info.value.request_id == request_id
+
+
+def test_a_nesting_bomb_is_invalid_input_naming_where_it_starts():
+    with pytest.raises(InvalidInput) as info:
+        protocol.decode_request(b"[" * 100_000 + b"]" * 100_000)
+    assert info.value.code == "invalid_input"
+    assert info.value.detail == {"field": "[0][0][0][0][0][0]…"}
+    with pytest.raises(InvalidInput) as info:
+        protocol.decode_request(b'{"id": 1, "type": "x", "data": {"q": ' + b"[" * 5000 + b"]" * 5000 + b"}}")
+    assert info.value.detail == {"field": "data.q[0][0][0][0]…"}
 
 
 def test_valid_request_decodes_and_data_defaults_to_empty_object():

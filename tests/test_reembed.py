@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
+import sqlite3
+import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -172,3 +176,87 @@ def test_sigkill_at_random_points_always_leaves_a_usable_kb_and_a_rerun_complete
     assert store.resolve("Kill").model == final
     assert staged_count(store, store.resolve("Kill").id) == 0
     _usable(store, store.resolve("Kill").id, "violin soundpost")
+
+
+
+def _kill_when(proc: subprocess.Popen, reached) -> str:
+    """SIGKILL ``proc`` as soon as ``reached()`` holds; says whether the kill or the exit came first."""
+    while proc.poll() is None:
+        if reached():
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return "killed"
+        time.sleep(0.002)  # the poll interval: the wait is on the condition
+    return "finished"
+
+
+def test_a_cli_reembed_killed_at_each_stage_leaves_doctor_clean_and_nothing_behind(settings, tmp_path):
+    """``localkb kb reembed`` killed mid-staging, as the switch commits, while the new vector index
+    is written, once it is listed, and once the old one goes: each time ``doctor`` is clean at
+    once, search answers on one model's vectors, and no file of the other model is left."""
+    from localkb.config import Settings
+    from localkb.store.kb import Store
+
+    origin = Store(settings)
+    origin.create_kb("Big", model=HASHING)
+    big = origin.open_kb("Big")
+    for i in range(20):  # 400 passages: the MiniLM run takes seconds
+        _add(big, i, " ".join(f"{FACTS[(i + j) % len(FACTS)]} Document {i} part {j}." * 6
+                              for j in range(20)))
+    kb_id = big.id
+    origin.close()
+
+    def catalogue(home):
+        db = sqlite3.connect(f"file:{home / 'catalog.sqlite'}?mode=ro", uri=True, timeout=0.05)
+
+        def one(sql: str):
+            try:
+                return db.execute(sql).fetchone()[0]
+            except sqlite3.OperationalError:  # a writer holds it this instant: not yet
+                return None
+        return db, one
+
+    def files(home) -> list[str]:
+        return sorted(p.name for p in (home / "kbs" / kb_id).iterdir())
+
+    stages = {
+        "staging": lambda one, home: (one("SELECT COUNT(*) FROM reembed_staging") or 0) > 0,
+        "switched": lambda one, home: one("SELECT model FROM kbs") == MINILM,
+        "vectors written": lambda one, home: one("SELECT model FROM kbs") == MINILM and any(
+            n.startswith(f".vectors-{MINILM}") and n.endswith(".tmp") for n in files(home)),
+        "vectors listed": lambda one, home: (home / "kbs" / kb_id / f"vectors-{MINILM}.json").exists(),
+        "old model gone": lambda one, home: one("SELECT model FROM kbs") == MINILM and not (
+            home / "kbs" / kb_id / f"vectors-{HASHING}.json").exists(),
+    }
+    outcomes, unclean = [], []
+    for stage, reached in stages.items():
+        home = tmp_path / stage.replace(" ", "-")
+        shutil.copytree(settings.data_dir, home)
+        env = {**os.environ, "LOCALKB_HOME": str(home), "LOCALKB_COMPACT": "off"}
+        proc = subprocess.Popen([sys.executable, "-m", "localkb", "kb", "reembed", "Big", "--model", MINILM,
+                                 "--json"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        db, one = catalogue(home)
+        try:
+            landed = _kill_when(proc, lambda reached=reached, one=one, home=home: reached(one, home))
+        finally:
+            db.close()
+        checked = run_cli(["doctor", "--json"], home)
+        report = json.loads(checked.stdout)
+        unclean.extend((stage, landed, k["problems"]) for k in report["knowledge_bases"] if k["problems"])
+        if checked.returncode != 0:
+            unclean.append((stage, landed, f"doctor exited {checked.returncode}"))
+        store = Store(Settings.from_env({"LOCALKB_HOME": str(home),
+                                         "LOCALKB_MODEL_DIR": os.environ["LOCALKB_MODEL_DIR"]}))
+        try:
+            model = store.resolve("Big").model
+            _usable(store, kb_id, "glaciers carve valleys")  # the first open builds what is missing
+            other = HASHING if model == MINILM else MINILM
+            left = [n for n in files(home) if f"vectors-{other}" in n or n.endswith(".tmp")]
+            if left:
+                unclean.append((stage, landed, f"left of {other}: {left}"))
+        finally:
+            store.close()
+        outcomes.append((stage, landed, model))
+    assert not unclean, unclean
+    assert [m for _, _, m in outcomes] == [HASHING] + [MINILM] * 4, outcomes
+    assert sum(landed == "killed" for _, landed, _ in outcomes) >= 4, outcomes

@@ -27,6 +27,7 @@ from localkb.store.kb import Store
 from localkb.team.attached import Library, attach
 from localkb.team.client import TeamClient
 from localkb.team.server import TeamAPI, TeamServer
+from test_portable import _synthetic
 
 HOLIDAY = ("Holiday policy", "Staff get 25 days of paid holiday a year. Ask your manager two weeks ahead; "
            "unused days carry over until March.")
@@ -692,3 +693,77 @@ def test_a_database_written_with_another_keyword_analysis_is_reanalysed_on_open(
         assert again.reanalyzed == 0  # once only
     finally:
         db.close()
+
+
+N_ARCHIVE = 3_000  # passages: their import to PostgreSQL takes seconds
+
+
+def test_a_team_server_killed_mid_import_leaves_no_staging_file_and_no_half_knowledge_base(
+        team_db_url, tmp_path):
+    """kill -9 of the server while an import is staged, and again while its passages are written
+    to PostgreSQL: after a restart no staging file is left under ``imports/``, no knowledge base
+    of the half import is listed, and the same import then goes through whole."""
+    from localkb.team.access import Directory
+    from localkb.team.db import Database
+
+    db = Database(team_db_url)
+    Directory(db).add_user("root", admin=True)
+    token = Directory(db).create_token("root")["token"]
+    data = _synthetic(N_ARCHIVE, dense=True)  # random vectors: 3.4 MB that does not compress away
+    home = tmp_path / "srv"
+    imports = home / "imports"
+
+    def kb_rows() -> int:
+        with db.conn() as conn:
+            return conn.execute("SELECT count(*) AS n FROM kbs").fetchone()["n"]
+
+    def writing_passages() -> bool:
+        with db.conn() as conn:
+            return conn.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE datname = "
+                                "current_database() AND state <> 'idle' AND query LIKE "
+                                "'INSERT INTO chunks%%'").fetchone()["n"] > 0
+
+    points = {"staging": lambda: any(imports.glob("kb_*.sqlite")),
+              "passages written": lambda: any(imports.glob("kb_*.sqlite")) and writing_passages()}
+    left = []
+    for point, reached in points.items():
+        server = ServerProcess(["--db", team_db_url], home)
+        outcome: dict = {}
+
+        def send(url=server.url, outcome=outcome) -> None:
+            try:
+                with TeamClient(url, token) as c:
+                    outcome["reply"] = c.import_(data)
+            except Exception as err:  # the server dies under the request
+                outcome["error"] = err
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        try:
+            while sender.is_alive() and not reached():
+                time.sleep(0.005)  # the poll interval: the wait is on the condition
+        finally:
+            server.proc.kill()
+            server.proc.wait(60)
+            sender.join(180)
+        assert "error" in outcome, (point, outcome)  # it was killed mid-import
+        staged_then = sorted(p.name for p in imports.iterdir())
+        again = ServerProcess(["--db", team_db_url], home)  # its first line says it is listening
+        try:
+            found = sorted(p.name for p in imports.glob("*")) if imports.exists() else []
+            with TeamClient(again.url, token) as c:
+                listed = [k["name"] for k in c.kbs()]
+            if found or listed or kb_rows():
+                left.append((point, staged_then, found, listed))
+        finally:
+            again.stop()
+    assert not left, left
+    server = ServerProcess(["--db", team_db_url], home)
+    try:
+        with TeamClient(server.url, token) as c:
+            done = c.import_(data)
+            assert done["chunks"] == N_ARCHIVE and done["knowledge_base"]["name"] == "Random", done
+    finally:
+        server.stop()
+    assert not imports.exists() or not any(imports.iterdir())
+    db.close()

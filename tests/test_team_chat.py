@@ -289,7 +289,7 @@ def test_input_guardrails_refuse_before_anything_runs(make_team, monkeypatch):
                                max_chars=200)
     team = make_team(policy=policy, caps=Caps(per_user=100, per_address=100))
     counter = EmbedCounter(monkeypatch)
-    cases = {"": "empty", "   \n ": "empty", "x" * 201: "too_long", "holiday\x00days": "control_chars",
+    cases = {"": "empty", "   \n ": "empty", "x" * 201: "too_long", "holiday\x07days": "control_chars",
              "holiday \u202eyad": "control_chars", "Give me the PAYROLL   export": "deny_list",
              "list the API keys": "deny_list"}
     with team.client("alice") as alice:

@@ -14,6 +14,8 @@ import {
   reportBadge,
   reportText,
   scoreBars,
+  passageSnippet,
+  tellApart,
   splitCitations,
   stepLine,
 } from "../render.js";
@@ -151,10 +153,28 @@ test("score bars share one scale and the cut-off line sits at its score", () => 
   assert.equal(layout.rows[0].label, "A · #1");
 });
 
+test("rows read in the order of the similarity they chart, each with its rank in the search", () => {
+  // The search's own order is fused (vector and keyword): its cosines are not monotone.
+  const hits = [
+    { title: "kw only", cosine: null, bm25: 3 },
+    { title: "B", cosine: 0.41 },
+    { title: "A", cosine: 0.72 },
+    { title: "C", cosine: 0.2 },
+  ];
+  const layout = scoreBars(hits, 0.35);
+  assert.deepEqual(layout.rows.map((r) => r.hit.title), ["A", "B", "C", "kw only"]);
+  assert.deepEqual(layout.rows.map((r) => r.rank), [3, 2, 4, 1]);
+});
+
+test("a passage's snippet reads as the page does, not as its Markdown", () => {
+  const text = "Pool settings\n## Retries\nSet `retry_limit` to **three**; see [the guide](https://x.test/g).\n| a | b |";
+  assert.equal(passageSnippet(text, "Pool settings"), "Retries · Set retry_limit to three; see the guide. a b");
+});
+
 test("negative cosines extend the scale below zero", () => {
   const layout = scoreBars([{ cosine: -0.25 }, { cosine: 0.75 }], 0.25);
   assert.equal(layout.min, -0.25);
-  assert.deepEqual(layout.rows.map((r) => r.pct), [0, 80]);
+  assert.deepEqual(layout.rows.map((r) => r.pct), [80, 0]);
   assert.equal(layout.cutoffPct, 40);
 });
 
@@ -195,4 +215,26 @@ test("progress lines name the stage in words", () => {
     "Embedding 120 of 340 · source 2 of 5: manual.pdf · 85 passages · about 32 s left",
   );
   assert.equal(progressText({ state: "saving", stage: "embed", done: 1, total: 2, eta_s: 600 }), "Embedding 1 of 2 · about 10 min left");
+});
+
+test("items that would show the same prefix get what tells them apart", () => {
+  // Before: two chips "[1] Install guide" and "[2] Install guide" from two sites looked the same.
+  const out = tellApart([
+    { label: "Install guide", details: ["Docs", "a.example", "/v1/install", "passage 3"] },
+    { label: "Install guide", details: ["Docs", "b.example", "/v1/install", "passage 3"] },
+    { label: "Release notes", details: ["Docs", "a.example", "/notes", "passage 1"] },
+  ]);
+  assert.deepEqual(out, ["a.example", "b.example", ""]);
+  // same page, two passages
+  assert.deepEqual(
+    tellApart([{ label: "FAQ", details: ["Docs", "x.example", "/faq", "passage 2"] },
+      { label: "FAQ", details: ["Docs", "x.example", "/faq", "passage 7"] }]),
+    ["passage 2", "passage 7"],
+  );
+  // long names that differ only past what fits: their differing ends
+  assert.deepEqual(
+    tellApart([{ label: "Engineering handbook, platform team, 2024 edition", details: [] },
+      { label: "Engineering handbook, platform team, 2025 edition", details: [] }]),
+    ["…2024 edition", "…2025 edition"],
+  );
 });

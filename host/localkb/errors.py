@@ -18,7 +18,8 @@ the boundary with ``raise X(...) from err``.
     │   └── OriginNotAllowed        origin_not_allowed
     ├── NotFound                    not_found
     │   ├── KnowledgeBaseNotFound   kb_not_found
-    │   └── SourceNotFound          source_not_found
+    │   ├── SourceNotFound          source_not_found
+    │   └── PageNotHeld             page_not_held
     ├── Conflict                    conflict
     │   └── AmbiguousReference      ambiguous
     ├── EmbeddingUnavailable        embedding_unavailable
@@ -129,6 +130,12 @@ class KnowledgeBaseNotFound(NotFound):
 
 class SourceNotFound(NotFound):
     code = "source_not_found"
+
+
+class PageNotHeld(NotFound):
+    """A page id the host holds no page for (let go to make room, or the host restarted)."""
+
+    code = "page_not_held"
 
 
 class Conflict(LocalKBError):

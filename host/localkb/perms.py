@@ -24,6 +24,22 @@ def private_umask() -> None:
     os.umask(PRIVATE_UMASK)
 
 
+def create_private_file(path: Path) -> int:
+    """Create ``path`` (0600; it must not exist) in a private folder; its open descriptor.
+
+    Job folders (imports, uploads) are removed once empty: a folder another process removes
+    between its creation and the file's is made again.
+    """
+    for attempt in range(3):
+        private_dir(path.parent)
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileNotFoundError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
 def private_dir(path: Path) -> Path:
     """``path`` (and missing parents) created 0700; an existing one made 0700 if it is ours."""
     path = Path(path)

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from localkb.perms import private_dir
+from localkb.perms import create_private_file
 
 _STALE_TMP_SECONDS = 3600
 
@@ -32,14 +32,7 @@ class Staging:
     def job(self, name: str) -> Iterator[Path]:
         """Hold the lock of job ``name`` and yield the path its files start with; always cleaned up."""
         tmp = self.folder / f".{name}.{uuid.uuid4().hex[:8]}.lock.tmp"
-        for attempt in range(3):
-            private_dir(self.folder)
-            try:
-                fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-                break
-            except FileNotFoundError:  # another job's cleanup removed the empty folder just now
-                if attempt == 2:
-                    raise
+        fd = create_private_file(tmp)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             os.replace(tmp, self.folder / f"{name}.lock")
@@ -89,3 +82,9 @@ class Staging:
                 path.unlink(missing_ok=True)
                 swept.append(name)
         return swept
+
+
+def import_staging(data_dir: Path) -> Staging:
+    """Where ``.awkb`` imports stage their rows: ``<data dir>/imports`` of the local store or of a
+    team server, swept when either starts (a killed import's files go with it)."""
+    return Staging(Path(data_dir) / "imports")

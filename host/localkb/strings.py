@@ -1,7 +1,7 @@
 """Text from outside, checked once: what a store can hold, and what a name may be.
 
-Every edge that takes strings from outside (the host protocol, ``.awkb`` files, names typed
-at the CLI) asks these two functions, so the rules live in one place:
+Every edge that takes strings from outside (request bodies through ``inputs``, ``.awkb`` files,
+names typed at the CLI) asks these two functions, so the rules live in one place:
 
 - ``string_problem``: a string the catalogue cannot store or that no real text contains: a
   lone surrogate (not valid Unicode; UTF-8 cannot encode it) or a NUL character.
@@ -13,7 +13,6 @@ at the CLI) asks these two functions, so the rules live in one place:
 
 from __future__ import annotations
 
-import math
 import re
 import unicodedata
 
@@ -54,26 +53,3 @@ def clean_name(value: object, *, what: str, max_len: int, forbid: str = "") -> s
                                + (f" ({label.lower()})" if label else "")
                                + (f" or any of {' '.join(forbid)}" if forbid else ""))
     return name
-
-
-def check_value(value: object, where: str = "data") -> None:
-    """``InvalidInput`` naming the first string (or key) that cannot be text, or number that is
-    not finite (NaN, Infinity, ``1e999``), anywhere in a decoded JSON value."""
-    stack: list[tuple[object, str]] = [(value, where)]
-    while stack:
-        item, path = stack.pop()
-        if isinstance(item, str):
-            problem = string_problem(item)
-            if problem:
-                raise InvalidInput(f"'{path}' {problem}", detail={"field": path})
-        elif isinstance(item, float):
-            if not math.isfinite(item):
-                raise InvalidInput(f"'{path}' must be a finite number", detail={"field": path})
-        elif isinstance(item, dict):
-            for key, sub in item.items():
-                problem = string_problem(key) if isinstance(key, str) else None
-                if problem:
-                    raise InvalidInput(f"a key of '{path}' {problem}", detail={"field": path})
-                stack.append((sub, f"{path}.{key}"))
-        elif isinstance(item, list):
-            stack.extend((sub, f"{path}[{i}]") for i, sub in enumerate(item))

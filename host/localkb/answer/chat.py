@@ -507,6 +507,55 @@ def check_citations(answer: str, given: int) -> tuple[str, list[int], list[int]]
     return text, sorted(cited), removed
 
 
+#: What may still become a citation: "[", digits, spaces and separators, not yet closed.
+_OPEN_CITATION = re.compile(r"\[[\d\s,;]{0,40}")
+_WHOLE_CITATION = re.compile(r"\[(\s*\d{1,4}\s*(?:[,;]\s*\d{1,4}\s*)*)\]")
+
+
+class CitationStream:
+    """A model's stream as the reader may see it: every ``[n]`` checked before it is shown.
+
+    Text goes out as it comes, except a ``[`` that may open a citation (with the one space or
+    tab before it, which ``check_citations`` removes with it), held until it closes or cannot
+    be one. So what streams is exactly what ``check_citations`` leaves of the whole answer: a
+    ``[99]`` never shows and then disappears.
+    """
+
+    def __init__(self, given: int) -> None:
+        self.given = given
+        self._held = ""
+
+    def feed(self, piece: str) -> str:
+        """The part of the stream so far that is final, given one more piece."""
+        text, out, i = self._held + piece, [], 0
+        while True:
+            j = text.find("[", i)
+            if j < 0:
+                # A space or tab at the very end may lead a citation that has not arrived yet.
+                end = len(text) - 1 if text[i:] and text[-1] in " \t" else len(text)
+                out.append(text[i:end])
+                self._held = text[end:]
+                return "".join(out)
+            start = j - 1 if j > i and text[j - 1] in " \t" else j
+            out.append(text[i:start])
+            whole = _WHOLE_CITATION.match(text, j)
+            if whole is not None:
+                out.append(check_citations(text[start:whole.end()], self.given)[0])
+                i = whole.end()
+                continue
+            opening = _OPEN_CITATION.match(text, j)
+            if opening is not None and opening.end() == len(text):
+                self._held = text[start:]  # it may still close as a citation
+                return "".join(out)
+            out.append(text[start:j + 1])  # not a citation: the "[" is text
+            i = j + 1
+
+    def flush(self) -> str:
+        """What is left when the stream ends (an unclosed "[…" is text)."""
+        rest, self._held = self._held, ""
+        return rest
+
+
 def says_idk(answer: str) -> bool:
     """Whether the answer is the instructed "I don't know from these documents"."""
     norm = unicodedata.normalize("NFKC", answer).replace("’", "'").lower()
@@ -1055,13 +1104,16 @@ def run_turn(
             stream = stream_chat_events(endpoint, messages, tools=tools, timeout=options.timeouts,
                                         cancel=cancel, max_tokens=options.max_tokens,
                                         placement=placement)
+            shown = CitationStream(len(passages))
             for piece in stream:
                 if isinstance(piece, ToolCall):
                     calls.append(piece)
                     continue
                 pieces.append(piece)
-                if on_token is not None:
-                    on_token(piece)
+                if on_token is not None and (final := shown.feed(piece)):
+                    on_token(final)
+            if on_token is not None and (final := shown.flush()):
+                on_token(final)
             generated = True
             answer, cited, removed = check_citations(options.continue_from + "".join(pieces),
                                                      len(passages))

@@ -7,11 +7,14 @@
    not blocked: chunks added or changed meanwhile are caught by the next pass.
 2. Catch up and switch, holding the store's write lock: embed what is still
    missing (what changed since the last pass), then ONE catalogue transaction
-   sets the knowledge base's model and dimension, replaces every chunk's vector,
-   bumps the generation and marks all older derived indexes as unusable.
-3. Build the derived indexes for the new model (the vector index file name
-   carries the model id, so the old file is never read for the new model), and
-   remove the old model's vector index.
+   sets the knowledge base's model and dimension, replaces every chunk's vector
+   and bumps the generation.
+3. Build the new model's vector index (its file name carries the model id, so the
+   old file is never read for the new model; the local store removes any earlier
+   file of the new model before the commit, and the rebuild removes the old
+   model's first); the keyword index, the same passages, only catches up. A kill
+   after the commit leaves the new model's index missing, and the next open
+   builds it.
 
 The steps run on either store of the seam (``store.base``): the local one stages in its
 SQLite catalogue and pauses writers with its store lock; the team one stages in

@@ -8,18 +8,18 @@ cold start before the model or the indexes are touched.
 from __future__ import annotations
 
 import base64
-import binascii
+import contextlib
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from localkb import PROTOCOL_VERSION, __version__
 from localkb.config import Settings
 from localkb.errors import InvalidInput, LocalKBError
+from localkb.inputs import MAX_TEXT, b64_bytes, req_bool, req_int, req_kbs, req_str
 from localkb.strings import KB_NAME_MAX
 
-MAX_TEXT = 64 * 1024 * 1024
 _store = None
 _store_lock = threading.Lock()
 
@@ -57,59 +57,6 @@ def reset_store() -> None:
         if _store is not None:
             _store.close()
         _store = None
-
-
-# -- field checks ------------------------------------------------------------------
-def req_str(data: Mapping, key: str, *, max_len: int = 4096, required: bool = True,
-            allow_empty: bool = False) -> str | None:
-    value = data.get(key)
-    if value is None:
-        if required:
-            raise InvalidInput(f"'{key}' is required", detail={"field": key})
-        return None
-    if not isinstance(value, str):
-        raise InvalidInput(f"'{key}' must be a string", detail={"field": key})
-    if len(value) > max_len:
-        raise InvalidInput(f"'{key}' is longer than {max_len:,} characters", detail={"field": key})
-    if not allow_empty and not value.strip():
-        raise InvalidInput(f"'{key}' is empty", detail={"field": key})
-    return value
-
-
-def req_int(data: Mapping, key: str, default: int, *, lo: int, hi: int) -> int:
-    value = data.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise InvalidInput(f"'{key}' must be an integer from {lo} to {hi}", detail={"field": key})
-    return value
-
-
-def req_bool(data: Mapping, key: str, default: bool = False) -> bool:
-    value = data.get(key, default)
-    if not isinstance(value, bool):
-        raise InvalidInput(f"'{key}' must be true or false", detail={"field": key})
-    return value
-
-
-def req_kbs(data: Mapping) -> list[str]:
-    """``kbs`` (a list of ids or names) or a single ``kb``."""
-    if "kbs" in data:
-        kbs = data["kbs"]
-        if not isinstance(kbs, list) or not kbs or len(kbs) > 50 or not all(
-                isinstance(k, str) and 0 < len(k) <= 200 for k in kbs):
-            raise InvalidInput("'kbs' must be a non-empty list of knowledge-base ids or names",
-                               detail={"field": "kbs"})
-        return kbs
-    return [req_str(data, "kb", max_len=200)]
-
-
-def b64_bytes(data: Mapping, key: str, *, max_bytes: int = MAX_TEXT) -> bytes | None:
-    raw = req_str(data, key, max_len=max_bytes * 4 // 3 + 8, required=False)
-    if raw is None:
-        return None
-    try:
-        return base64.b64decode(raw, validate=True)
-    except (binascii.Error, ValueError) as err:
-        raise InvalidInput(f"'{key}' is not valid base64", detail={"field": key}) from err
 
 
 # -- handlers ----------------------------------------------------------------------
@@ -290,8 +237,14 @@ def h_search(data: dict, ctx) -> dict:
                                or not -1.0 <= cutoff <= 1.0):
         raise InvalidInput("'cutoff' must be a number from -1 to 1 (a cosine)",
                            detail={"field": "cutoff"})
-    res = Searcher(get_library()).search(
-        req_kbs(data), req_str(data, "query", max_len=4000), k=req_int(data, "k", 8, lo=1, hi=100),
+    store = get_library()
+    kbs = req_kbs(data)
+    if any(k.startswith("page_") for k in kbs):  # the open page ("Test this search in This page")
+        from localkb.store.pagekb import WithPages
+
+        store = WithPages(store, _page_shelf())
+    res = Searcher(store).search(
+        kbs, req_str(data, "query", max_len=4000), k=req_int(data, "k", 8, lo=1, hi=100),
         mode=req_str(data, "mode", required=False) or "hybrid", cutoff=cutoff,
         per_source=req_int(data, "per_source", 0, lo=0, hi=100) or None)
     out = res.to_dict()
@@ -377,8 +330,17 @@ def h_chat(data: dict, ctx) -> dict:
     from localkb.answer.llm import load_config
 
     store = get_library()
-    kbs = req_kbs(data)
+    page_id = req_str(data, "page", required=False, max_len=100)
+    # With the open page, the knowledge bases beside it are optional.
+    kbs = req_kbs(data) if page_id is None or data.get("kbs") or data.get("kb") else []
     message = req_str(data, "message", max_len=8000)
+    page = None
+    if page_id is not None:
+        from localkb.answer.pagechat import mark_progress, mark_result, page_view, summarize
+
+        page = _page_shelf().require(page_id)
+        store = page_view(store, _page_shelf(), page_id, to_cloud=req_bool(data, "page_to_cloud"))
+        kbs = [*kbs, page_id]
     history = parse_history(data.get("history"))
     name = req_str(data, "endpoint", required=False, max_len=100)
     extractive = req_bool(data, "extractive")
@@ -392,6 +354,10 @@ def h_chat(data: dict, ctx) -> dict:
     else:
         weaker_kbs = ()
         weaker = req_bool(data, "use_weaker_matches")
+    if page is not None and req_bool(data, "summarize"):
+        with page.in_use():
+            return summarize(store, page, endpoint, on_token=lambda t: ctx.emit("token", {"text": t}),
+                             cancel=ctx.cancelled).to_dict()
     # A stopped answer to continue is an assistant turn like any in the history.
     continued = parse_continuation(data)
     options = ChatOptions(k=req_int(data, "k", 8, lo=1, hi=50), use_weaker_matches=weaker,
@@ -433,13 +399,15 @@ def h_chat(data: dict, ctx) -> dict:
         return confirmations.wait(ctx.id, request["call_id"], ctx.cancelled, timeout=timeout)
 
     # "Regenerate" asks for a new answer: the cached one is neither read nor replaced.
-    result = run_turn(store, kbs, message, history=history, endpoint=endpoint, options=options,
-                      cache=None if req_bool(data, "regenerate") else cache,
-                      on_step=lambda s: ctx.emit("step", s),
-                      on_token=lambda t: ctx.emit("token", {"text": t}), confirm=confirm,
-                      cancel=ctx.cancelled,
-                      on_provenance=lambda kbs: ctx.emit("provenance", {"kbs": kbs}))
-    return result.to_dict()
+    # An open page's background embedding waits while the turn searches it (``in_use``).
+    with page.in_use() if page else contextlib.nullcontext():
+        result = run_turn(store, kbs, message, history=history, endpoint=endpoint, options=options,
+                          cache=None if req_bool(data, "regenerate") else cache,
+                          on_step=lambda s: ctx.emit("step", mark_progress(s, page) if page else s),
+                          on_token=lambda t: ctx.emit("token", {"text": t}), confirm=confirm,
+                          cancel=ctx.cancelled,
+                          on_provenance=lambda kbs: ctx.emit("provenance", {"kbs": kbs}))
+    return (mark_result(result, page) if page else result).to_dict()
 
 
 def h_chat_confirm(data: dict, ctx) -> dict:
@@ -453,6 +421,41 @@ def h_chat_confirm(data: dict, ctx) -> dict:
         raise InvalidInput("'approve' must be true or false", detail={"field": "approve"})
     _, confirmations = _chat_shared()
     return {"delivered": confirmations.answer(target, call_id, approve)}
+
+
+# -- the open page (chat with a page without saving it) -------------------------------
+_pages = None
+
+
+def _page_shelf():
+    """The pages this host process holds in memory (``store.pagekb``), created on first use."""
+    global _pages  # noqa: PLW0603 - one shelf per host process: pages live as long as it does
+    with _store_lock:
+        if _pages is None:
+            from localkb.store.pagekb import PageShelf
+
+            _pages = PageShelf()
+        return _pages
+
+
+def h_page_open(data: dict, ctx) -> dict:
+    """Hold the open tab in memory, never on disk: its first part searchable, the rest in the background."""
+    page = _page_shelf().open(
+        get_store(), url=req_str(data, "url", required=False, max_len=8192),
+        title=req_str(data, "title", required=False, max_len=2000, allow_empty=True),
+        html=req_str(data, "html", required=False, max_len=MAX_TEXT),
+        text=req_str(data, "text", required=False, max_len=MAX_TEXT), pdf=b64_bytes(data, "pdf_base64"))
+    return page.status()
+
+
+def h_page_status(data: dict, ctx) -> dict:
+    """How much of a held page is searchable (``page_not_held`` once the host let it go)."""
+    return _page_shelf().require(req_str(data, "page", max_len=100)).status()
+
+
+def h_page_close(data: dict, ctx) -> dict:
+    """Let a page go (the panel's close button); its passages leave memory."""
+    return {"closed": _page_shelf().close(req_str(data, "page", max_len=100))}
 
 
 # -- portable knowledge bases and re-embedding ----------------------------------------
@@ -600,6 +603,9 @@ HANDLERS: dict[str, Handler] = {
     "config.check": h_config_check,
     "chat": h_chat,
     "chat.confirm": h_chat_confirm,
+    "page.open": h_page_open,
+    "page.status": h_page_status,
+    "page.close": h_page_close,
     "kb.export": h_kb_export,
     "kb.import": h_kb_import,
     "kb.reembed": h_kb_reembed,

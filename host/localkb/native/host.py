@@ -35,10 +35,10 @@ from typing import Any, BinaryIO
 from localkb import PROTOCOL_VERSION, __version__
 from localkb.config import Settings
 from localkb.errors import Cancelled, HostBusy, LocalKBError, ProtocolError
+from localkb.inputs import check_value
 from localkb.native import protocol
 from localkb.perms import private_dir, private_umask, tighten
 from localkb.redact import redact
-from localkb.strings import check_value
 
 EXIT_OK = 0
 EXIT_UNTRUSTED = 3
@@ -221,7 +221,7 @@ class _Session:
             ctx.check_cancelled()
             # Every string and number of every message is checked here, once, so no handler
             # meets a lone surrogate, a NUL or a NaN (in the worker: a 64 MiB page costs a scan).
-            check_value(request.data)
+            check_value(request.data, "data")
             result = handler(request.data, ctx)
             if not isinstance(result, dict):
                 raise TypeError(f"handler for {request.type!r} returned {type(result).__name__}, not dict")
@@ -300,6 +300,9 @@ def serve(
         except protocol.RequestError as err:
             log.info("bad request (%d bytes): %s", len(body), err.reason)
             session.send_error(err.request_id, err.code, err.message, err.detail)
+        except LocalKBError as err:  # nesting too deep to read: named, but the id is unknown
+            log.info("bad request (%d bytes): %s", len(body), err)
+            session.send_error(None, err.code, err.message, err.detail)
         except Exception:
             # Whatever input found a gap in validation costs one reply, not the port.
             log.exception("unexpected failure reading a %d-byte request", len(body))

@@ -44,6 +44,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
+from localkb import inputs
 from localkb.errors import ProtocolError
 
 MAX_INCOMING = 64 * 1024 * 1024
@@ -79,11 +80,6 @@ REASONS = (
     "invalid_parts",
     "too_many_values",
 )
-#: Values (objects, lists, strings, numbers...) one request may hold. The largest real request
-#: (a chat with 50 history turns each naming its knowledge bases) holds a few thousand; a
-#: frame of 64 MiB of ``{},{},...`` holds 21 million, and parsed that would take the host to
-#: gigabytes. Big payloads are single strings, which count once however long they are.
-MAX_VALUES = 200_000
 
 _HEADER = struct.Struct("=I")  # native byte order, exactly 4 bytes
 
@@ -176,46 +172,16 @@ def _valid_id(value: Any) -> bool:
     return isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS
 
 
-def _check_values(body: bytes) -> int:
-    """Refuse a request holding more than ``MAX_VALUES`` values, before it is parsed into objects.
-
-    Each value after the first in a list or object follows a comma, and each container opens
-    with a bracket, so counting those bytes bounds the values from above; only a body over the
-    limit by that count (a page full of commas in its text, say) is walked with a streaming
-    parser that builds nothing and stops at the limit.
-    """
-    bound = body.count(b",") + body.count(b"{") + body.count(b"[")
-    if bound <= MAX_VALUES:
-        return bound
-    import ijson
-
-    n = 0
-    try:
-        for _event in ijson.basic_parse(body, use_float=True):
-            n += 1
-            if n > MAX_VALUES:
-                raise RequestError(f"request holds more than {MAX_VALUES:,} JSON values",
-                                   reason="too_many_values")
-    except (ijson.JSONError, UnicodeDecodeError):
-        pass  # json.loads will say what is wrong with it
-    return n
-
-
 def decode_request(body: bytes) -> Request:
-    """Decode a frame body into a ``Request`` or raise ``RequestError`` with a stable reason."""
+    """Decode a frame body into a ``Request`` or raise ``RequestError`` with a stable reason.
+
+    The body is parsed by ``inputs.loads``, the team server's parser too; nesting past its
+    limit is ``InvalidInput`` naming the field (id null: the frame could not be read).
+    """
     try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise RequestError(
-            f"request is not valid UTF-8 (byte {err.start})", reason="invalid_utf8"
-        ) from err
-    values = _check_values(body)
-    try:
-        obj = json.loads(text)
-    except ValueError as err:  # JSONDecodeError, and int strings past Python's digit limit
-        raise RequestError(f"request is not valid JSON: {err}", reason="invalid_json") from err
-    except RecursionError as err:  # [[[[...]]]] nested deeper than the parser recurses
-        raise RequestError("request JSON is nested too deeply", reason="invalid_json") from err
+        obj, values = inputs.loads(body)
+    except ProtocolError as err:
+        raise RequestError(err.message, reason=err.detail["reason"]) from err
     if not isinstance(obj, dict):
         raise RequestError(
             f"request must be a JSON object, not {type(obj).__name__}", reason="not_an_object"

@@ -24,7 +24,8 @@ it, so memory holds one item at a time (a parse bomb costs what a small import c
 ``bench/import_memory.py``). Each checked row goes to a private staging database in
 ``<data dir>/imports``; the new knowledge base appears in the one catalogue transaction that
 copies all of its rows in, so a refused file, a cancel or a kill -9 leaves no trace and the
-name free (a killed import's staging files are swept when the store is next opened). The
+name free (a killed import's staging files are swept when the store next opens, or the team
+server next starts). The
 first problem is reported in one ``InvalidArchive`` message that names it; vectors are used
 as they are (never re-embedded).
 
@@ -37,6 +38,7 @@ from __future__ import annotations
 import atexit
 import base64
 import binascii
+import contextlib
 import gzip
 import hashlib
 import json
@@ -53,7 +55,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import ijson
 import numpy as np
@@ -69,14 +71,17 @@ from localkb.errors import (
     LimitExceeded,
 )
 from localkb.ingest.chunk import passage_text
-from localkb.perms import private_dir
+from localkb.perms import create_private_file
 from localkb.portable import envelope
-from localkb.staging import Staging
+from localkb.staging import import_staging
 from localkb.store.base import KnowledgeBaseHandle, KnowledgeStore
 from localkb.store.catalog import chunk_id, source_id, vector_key
 from localkb.store.kb import PRIVACY, check_name
 from localkb.store.kb import Store as LocalStore
 from localkb.strings import string_problem
+
+if TYPE_CHECKING:
+    from localkb.team.store import TeamStore
 
 # Export and import run on either store (``store.base``): the local one or a team one.
 KnowledgeBase = KnowledgeBaseHandle
@@ -763,38 +768,35 @@ def _publish(store: LocalStore, staged: Path, head: _Head, stager: _Stager, name
     return counts
 
 
-def _publish_through_seam(store: Store, staged: Path, head: _Head, name: str | None) -> tuple[str, dict]:
-    """Another store of the seam (the team one): a new knowledge base, then its rows in one
-    ``import_rows`` (one transaction there); the knowledge base is deleted again if that fails."""
+def _publish_team(store: TeamStore, staged: Path, head: _Head, name: str | None) -> tuple[str, dict]:
+    """The team store: the new knowledge base and all its rows in one PostgreSQL transaction
+    (``create_imported``), so a kill leaves it whole or absent."""
     if name is not None:
         if _taken(store, name):
             raise Conflict(f"a knowledge base named {name!r} already exists")
     else:
         name = free_name(store, head.name)
-    rec = store.create_kb(name, privacy=head.privacy, model=head.model)
+    db = sqlite3.connect(staged)
+    db.row_factory = sqlite3.Row
     try:
-        db = sqlite3.connect(staged)
-        db.row_factory = sqlite3.Row
-        try:
-            sources = [{**dict(r), "id": r["sid"]} for r in db.execute("SELECT * FROM sources")]
-            chunks, vecs = [], []
-            for r in db.execute("SELECT * FROM chunks ORDER BY source_id, idx"):
-                chunks.append({"source": r["source_id"], "index": r["idx"], "text": r["text"],
-                               "text_hash": r["text_hash"], "page": r["page"], "tokens": r["tokens"],
-                               "indexed_by": r["indexed_by"]})
-                vecs.append(np.frombuffer(r["vector"], dtype="<f4"))
-        finally:
-            db.close()
-        vectors = np.stack(vecs) if vecs else np.zeros((0, head.dim), np.float32)
-        store.open_kb(rec.id).import_rows(sources, chunks, vectors)
-        counts = store.counts(rec.id)
-        if counts != {"sources": len(sources), "chunks": len(chunks)}:
-            raise InvalidArchive(f"the import stored {counts['sources']:,} sources and "
-                                 f"{counts['chunks']:,} chunks, the file holds "
-                                 f"{len(sources):,} and {len(chunks):,}")
-    except BaseException:
+        sources = [{**dict(r), "id": r["sid"]} for r in db.execute("SELECT * FROM sources")]
+        chunks, vecs = [], []
+        for r in db.execute("SELECT * FROM chunks ORDER BY source_id, idx"):
+            chunks.append({"source": r["source_id"], "index": r["idx"], "text": r["text"],
+                           "text_hash": r["text_hash"], "page": r["page"], "tokens": r["tokens"],
+                           "indexed_by": r["indexed_by"]})
+            vecs.append(np.frombuffer(r["vector"], dtype="<f4"))
+    finally:
+        db.close()
+    vectors = np.stack(vecs) if vecs else np.zeros((0, head.dim), np.float32)
+    rec = store.create_imported(name, privacy=head.privacy, model=head.model, sources=sources,
+                                chunks=chunks, vectors=vectors)
+    counts = store.counts(rec.id)
+    if counts != {"sources": len(sources), "chunks": len(chunks)}:
         store.delete_kb(rec.id)
-        raise
+        raise InvalidArchive(f"the import stored {counts['sources']:,} sources and "
+                             f"{counts['chunks']:,} chunks, the file holds "
+                             f"{len(sources):,} and {len(chunks):,}")
     return rec.id, counts
 
 
@@ -808,7 +810,7 @@ def import_kb(store: Store, src: Path | BinaryIO, *, name: str | None = None,
     (``<data dir>/imports``); the knowledge base appears in the one catalogue transaction
     that writes all of its rows, and only then are its derived indexes built. A refused file,
     a cancel or a kill leaves no trace in the catalogue (a killed import's staging files are
-    swept the next time the store is opened), and the name stays free.
+    swept the next time the store is opened or the team server started), and the name stays free.
     """
     if name is not None:
         name = check_name(name)
@@ -824,7 +826,7 @@ def import_kb(store: Store, src: Path | BinaryIO, *, name: str | None = None,
     try:
         # A private staging folder in the data directory (the team server's for a team store).
         root = Path(store.settings.data_dir)
-        with Staging(root / "imports").job(kb_id) as job:
+        with import_staging(root).job(kb_id) as job:
             staged = job.with_suffix(".sqlite")
             stager = _Stager(staged, kb_id, limits, progress, check_cancelled)
             try:
@@ -842,7 +844,7 @@ def import_kb(store: Store, src: Path | BinaryIO, *, name: str | None = None,
                 ensure_tables(store)
                 counts = _publish(store, staged, head, stager, name)
             else:
-                kb_id, counts = _publish_through_seam(store, staged, head, name)
+                kb_id, counts = _publish_team(store, staged, head, name)
     finally:
         if fh is not src:
             fh.close()
@@ -867,7 +869,8 @@ class Uploads:
     leaving less than ``min_free`` bytes free (``limit_exceeded``). Parts must come in order
     (index 0, 1, ...). An upload is dropped on commit, on abort, when the process exits, when
     it has had no part for ``idle_seconds`` (its slot is freed for others), and (for a host that
-    was killed) when a later host starts one and finds it a day old.
+    was killed) when a later host starts one and finds it a day old. The folder goes with the
+    last upload, so a refused or aborted one leaves nothing in the data directory.
     """
 
     STALE_SECONDS = 24 * 3600
@@ -886,8 +889,8 @@ class Uploads:
         atexit.register(self.drop_all)
 
     def begin(self) -> str:
-        private_dir(self.dir)
-        self._sweep()
+        if self.dir.is_dir():
+            self._sweep()
         with self._lock:
             self._expire()
             if len(self._open) >= self.max_open:
@@ -896,7 +899,7 @@ class Uploads:
                                detail={"limit": "uploads", "max": self.max_open})
             upload = "up_" + uuid.uuid4().hex[:16]
             path = self.dir / f"{upload}.part"
-            path.touch(mode=0o600)
+            os.close(create_private_file(path))
             self._open[upload] = {"path": path, "next": 0, "bytes": 0, "seen": time.monotonic()}
         return upload
 
@@ -956,6 +959,8 @@ class Uploads:
         if up is None:
             return False
         up["path"].unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # not empty: another upload is open
+            self.dir.rmdir()
         return True
 
     def drop_all(self) -> None:

@@ -39,7 +39,7 @@ from localkb.errors import (
 from localkb.ingest.chunk import passage_text
 from localkb.locks import FileLock, StripedLocks
 from localkb.perms import private_dir, tighten
-from localkb.staging import Staging
+from localkb.staging import import_staging
 from localkb.store import ingest_staging
 from localkb.store import keyword_engine as keyword_engine_mod
 from localkb.store.base import (
@@ -71,7 +71,7 @@ from localkb.store.catalog import (
 from localkb.store.keyword_engine import KeywordEngine
 from localkb.store.keywords import KeywordHit
 from localkb.store.listing import vector_file
-from localkb.store.vectors import VectorHits, VectorIndex, remove_index
+from localkb.store.vectors import VectorHits, VectorIndex, remove_index, remove_other_models
 from localkb.store.vectors import compact as compact_vectors
 from localkb.strings import KB_NAME_MAX, clean_name, string_problem
 
@@ -131,7 +131,7 @@ class Store(KnowledgeStore):
         tighten(self.root)
         # What a killed import left (its staging files; the catalogue never saw it) and the
         # temporary files of index saves a kill cut short go now.
-        Staging(self.root / "imports").sweep()
+        import_staging(self.root).sweep()
         sweep_tmp(self.root, self.root / "kbs")
         self.catalog = Catalog(self.root / "catalog.sqlite")
         self.lock = FileLock(self.root / "store.lock")
@@ -482,6 +482,7 @@ class KnowledgeBase(KnowledgeBaseHandle):
         """The vector index from the catalogue, listed flat (``VectorIndex.build_flat``): no
         graph, which compaction builds after (``_repair`` says it is due). The rows stream from
         the cursor a ``REBUILD_PART`` at a time, so the rebuild holds one part and the keys."""
+        remove_other_models(self.dir, self.record.model)  # a switch's old model: derived from nothing now
         vi = VectorIndex(self.vector_path, self.record.model, self.record.dim)
         vi.build_flat(self._catalog_vectors(), gen)
         return vi
@@ -865,9 +866,17 @@ class KnowledgeBase(KnowledgeBaseHandle):
             yield
 
     def switch_model(self, model: str, dim: int) -> int:
-        """One transaction: every vector from staging, the new model, a new generation; or nothing."""
+        """One transaction: every vector from staging, the new model, a new generation; or nothing.
+
+        The keyword index holds the same passages before and after, so it stays and catches up
+        (the change log is kept). The new model's vector index is built after the commit: any
+        file of that model an earlier stint left is removed first, so none is ever caught up
+        from the log over vectors the switch replaced. A kill before the commit leaves the old
+        model whole; after it, the next open builds what is missing (``_repair``).
+        """
         from localkb.errors import EmbeddingUnavailable
 
+        remove_index(vector_file(self.dir, model))  # no reader opens it: the catalogue names the old model
         with self.catalog.tx() as db:
             left = db.execute(_MISSING.replace("SELECT c.id", "SELECT COUNT(*)"),
                               (model, self.id)).fetchone()[0]
@@ -880,16 +889,12 @@ class KnowledgeBase(KnowledgeBaseHandle):
             db.execute("UPDATE kbs SET model = ?, dim = ?, generation = generation + 1 WHERE id = ?",
                        (model, dim, self.id))
             gen = db.execute("SELECT generation FROM kbs WHERE id = ?", (self.id,)).fetchone()[0]
-            # No index built before this generation may be caught up: all are rebuilt.
-            db.execute("DELETE FROM changes WHERE kb_id = ?", (self.id,))
-            db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (f"pruned:{self.id}", str(gen)))
             db.execute("DELETE FROM reembed_staging WHERE kb_id = ?", (self.id,))
         return gen
 
     def after_switch(self, old_model: str) -> None:
-        """Build the new model's indexes; drop the old model's vector index file."""
+        """Build the new model's vector index (its rebuild removes ``old_model``'s files first)."""
         self.indexes()
-        remove_index(vector_file(self.dir, old_model))
 
     # -- health ----------------------------------------------------------------
     def health(self, *, repair: bool = False) -> dict:

@@ -56,6 +56,7 @@ from localkb import __version__
 from localkb.atomic import read_json, replace_into, tmp_path_for, write_json
 from localkb.errors import IndexUnavailable, ModelMismatch
 from localkb.locks import try_lock, unlock
+from localkb.store.listing import vector_file
 
 #: HNSW search expansion per candidate requested (see VectorIndex.search).
 EXPANSION_PER_CANDIDATE = 8
@@ -859,6 +860,14 @@ def remove_index(path: Path) -> None:
     for p in (path, path.with_suffix(".json"), path.with_suffix(".log"),
               *path.parent.glob(f"{path.stem}.seg*")):
         p.unlink(missing_ok=True)
+
+
+def remove_other_models(kb_dir: Path, model: str) -> None:
+    """Delete every vector index in ``kb_dir`` that is not ``model``'s (a re-embed's old model)."""
+    own = vector_file(kb_dir, model).stem
+    for p in kb_dir.glob("vectors-*"):
+        if p.stem != own and not p.name.startswith(f"{own}.seg"):
+            p.unlink(missing_ok=True)
 
 
 def _tier(count: int, threshold: int) -> int:

@@ -45,7 +45,7 @@ from localkb.answer.chat import AnswerCache, ChatOptions, parse_continuation, pa
 from localkb.answer.llm import Endpoint
 from localkb.answer.privacy import endpoint_location
 from localkb.errors import GuardrailBlocked, InvalidInput, LocalKBError, NotFound, RateLimited
-from localkb.native.handlers import req_bool, req_int, req_kbs
+from localkb.inputs import req_bool, req_int, req_kbs
 from localkb.team.guard import Policy, check_input, check_output
 from localkb.team.limits import Caps, RateLimiter
 from localkb.team.querylog import QueryLog

@@ -44,7 +44,9 @@ def admin_database(args):
     pg = None
     if url is None:
         pg = EmbeddedPostgres(_team_dir(args))
-        if pg.acquire(wait=False):
+        if pg.standalone():
+            url, pg = pg.url(), None  # started on its own for several servers: use it as it runs
+        elif pg.acquire(wait=False):
             url = pg.start()  # no server runs here: start it for this command
         else:
             url = pg.url()  # a ``team serve`` holds the cluster: use it as it runs
@@ -104,6 +106,31 @@ def _system_store(db):
     from localkb.team.store import TeamStore
 
     return TeamStore(db, _settings(), Access.system())
+
+
+# -- a database several servers share -----------------------------------------------------
+def cmd_db(args, out) -> int:
+    """``team db start|stop|status``: the embedded PostgreSQL run on its own, for several servers."""
+    from localkb.team.embedded import EmbeddedPostgres
+
+    pg = EmbeddedPostgres(_team_dir(args))
+    if args.action == "start":
+        url = pg.start_standalone()
+        out.emit({"url": url, "dir": str(pg.team_dir)},
+                 f"the team database runs on its own in {pg.team_dir}; start servers with\n"
+                 f"  localkb team serve --dir {pg.team_dir} --port PORT   (or --db URL), and stop it "
+                 f"with `localkb team db stop`\n{url}")
+        return 0
+    if args.action == "stop":
+        stopped = pg.stop_standalone()
+        out.emit({"stopped": stopped}, "the team database is stopped" if stopped
+                 else "the team database was not running")
+        return 0
+    running = pg.running()
+    out.emit({"running": running, "standalone": pg.standalone(), "url": pg.url() if running else None},
+             (f"running{' on its own' if pg.standalone() else ' (owned by a team serve)'}: {pg.url()}"
+              if running else "not running"))
+    return 0 if running else 1
 
 
 # -- serve ------------------------------------------------------------------------------
@@ -421,6 +448,13 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
     c.add_argument("--access-log", default="-", metavar="FILE",
                    help="one JSON line per request: '-' stderr (default), a file, or 'off'")
     c.set_defaults(func=cmd_serve)
+    dbp = ts.add_parser("db", help="the embedded PostgreSQL on its own, for several servers")
+    dbs = dbp.add_subparsers(dest="action", required=True)
+    for action, helptext in (("start", "start it for servers that do not own it; prints its URL"),
+                             ("stop", "stop it (servers using it lose their database)"),
+                             ("status", "whether it runs (exit 1 when not), and its URL")):
+        c = dbs.add_parser(action, parents=[common, db], help=helptext)
+        c.set_defaults(func=cmd_db)
     c = ts.add_parser("log", parents=[common, db], help="the team chat query log: list or export")
     c.add_argument("action", choices=["list", "export"])
     c.add_argument("--user", default=None, help="only this user's queries")

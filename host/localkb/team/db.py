@@ -38,8 +38,13 @@ def _configure(conn: psycopg.Connection) -> None:
 
 
 def mapped(err: psycopg.Error) -> Exception:
-    """Our error for a PostgreSQL one: unreachable -> TeamUnavailable, anything else -> StoreError."""
-    if isinstance(err, psycopg.OperationalError | psycopg.errors.AdminShutdown):
+    """Our error for a PostgreSQL one: unreachable -> TeamUnavailable, anything else -> StoreError.
+
+    Unreachable: not connected, the connection lost or closed (mid-read or mid-write alike),
+    the server shutting down, no connection to be had (``PoolTimeout`` while the pool could
+    not open the connections it may hold; with every one of them busy it is ``TeamBusy``).
+    """
+    if isinstance(err, psycopg.OperationalError | psycopg.InterfaceError):
         return TeamUnavailable(f"the team database cannot be reached: {str(err).strip()[:500]}")
     return StoreError(f"the team database refused the statement: {str(err).strip()[:500]}")
 
@@ -62,9 +67,12 @@ class Database:
                 self.reanalyzed = reanalyze(conn)
         except psycopg.Error as err:
             raise mapped(err) from err
+        # check: each connection is tried as it is handed out, so one PostgreSQL closed while
+        # idle in the pool (a restart, a failover) is replaced, never served to a request.
         self.pool = ConnectionPool(url, min_size=min_size, max_size=max_size, timeout=timeout,
                                    configure=_configure, kwargs={"row_factory": dict_row},
-                                   open=False, name="localkb-team")
+                                   check=ConnectionPool.check_connection, open=False,
+                                   name="localkb-team")
         try:
             self.pool.open(wait=True, timeout=timeout)
         except Exception as err:
@@ -90,6 +98,9 @@ class Database:
         except PoolTimeout as err:
             if self.on_wait is not None:
                 self.on_wait(time.perf_counter() - started)
+            if self.pool.get_stats().get("pool_size", 0) < self.pool.max_size:
+                # The pool could not open the connections it may hold: PostgreSQL is not there.
+                raise mapped(err) from err
             raise TeamBusy(f"every one of the {self.pool.max_size} database connections stayed busy "
                            f"for {self.wait:g} s", detail={"retry_after_s": max(1, round(self.wait))}
                            ) from err

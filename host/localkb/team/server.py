@@ -58,6 +58,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+import psycopg
+
 from localkb import __version__
 from localkb.answer.privacy import endpoint_location
 from localkb.config import Settings
@@ -68,10 +70,10 @@ from localkb.errors import (
     TeamUnavailable,
     TooLarge,
 )
-from localkb.native.handlers import b64_bytes, req_bool, req_int, req_kbs, req_str
+from localkb.inputs import b64_bytes, parse_object, req_bool, req_int, req_kbs, req_str
 from localkb.team import accesslog
 from localkb.team.access import Access, Directory, level_of, require_admin
-from localkb.team.db import Database
+from localkb.team.db import Database, mapped
 from localkb.team.hosts import HostNames
 from localkb.team.metrics import Metrics
 from localkb.team.openapi import template
@@ -134,16 +136,7 @@ class Request:
         return int(raw)
 
     def json(self) -> dict:
-        raw = self._read_body(self.json_cap)
-        if not raw:
-            return {}
-        try:
-            data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as err:
-            raise ProtocolError(f"the body is not JSON: {err}", detail={"reason": "bad_json"}) from err
-        if not isinstance(data, dict):
-            raise ProtocolError("the body must be a JSON object", detail={"reason": "not_an_object"})
-        return data
+        return parse_object(self._read_body(self.json_cap))
 
     def raw(self, limit: int) -> bytes:
         return self._read_body(limit)
@@ -228,7 +221,10 @@ class TeamAPI:
             if auth:
                 req.access = self.directory.authenticate(_bearer(req.headers.get("Authorization")))
             args = [req.parts[i] for i, p in enumerate(pattern) if p == "*"]
-            return 200, fn(req, *args)
+            try:
+                return 200, fn(req, *args)
+            except psycopg.Error as err:  # one that a store path let through: mapped all the same
+                raise mapped(err) from err
         if known_path:
             raise InvalidInput(f"{req.method} is not allowed here", detail={"reason": "method"})
         raise _NoRoute(f"no such endpoint: {req.method} /{'/'.join(req.parts)}")
@@ -578,7 +574,7 @@ def _handler_class(api: TeamAPI):
             if isinstance(result, tuple):
                 body, headers = result
             else:
-                body = json.dumps(result, ensure_ascii=False, default=str).encode("utf-8")
+                body = _json_bytes(result)
                 headers = {"Content-Type": "application/json; charset=utf-8"}
             try:
                 self._done(status, result)
@@ -598,6 +594,15 @@ def _handler_class(api: TeamAPI):
         do_GET = do_POST = do_PATCH = do_DELETE = do_PUT = _handle
 
     return Handler
+
+
+def _json_bytes(result: Any) -> bytes:
+    try:
+        return json.dumps(result, ensure_ascii=False, default=str).encode("utf-8")
+    except UnicodeEncodeError:
+        # A lone surrogate from somewhere (a row stored before input was checked): ASCII
+        # escapes keep the reply valid UTF-8, and a reply always goes out.
+        return json.dumps(result, ensure_ascii=True, default=str).encode("ascii")
 
 
 class _LengthRequired(ProtocolError):
@@ -642,13 +647,18 @@ def serve(db_url: str | None, *, team_dir, host: str, port: int, name: str, sett
     With no ``db_url`` the embedded PostgreSQL in ``team_dir`` is started first and stopped
     after the last request has been answered.
     """
+    from localkb.staging import import_staging
     from localkb.team.embedded import EmbeddedPostgres
 
+    import_staging(settings.data_dir).sweep()  # what imports killed with an earlier server left
     pg = None
     if db_url is None:
         pg = EmbeddedPostgres(team_dir)
-        pg.acquire(wait=True)
-        db_url = pg.start()
+        if pg.standalone():  # `localkb team db start` runs it for several servers: use, never stop
+            db_url, pg = pg.url(), None
+        else:
+            pg.acquire(wait=True)
+            db_url = pg.start()
     try:
         db = Database(db_url, max_size=pool_size, wait=pool_wait)
         try:

@@ -25,10 +25,12 @@ filter, so a name held only above the user's clearance is missing for that user.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 from psycopg import sql
@@ -43,6 +45,7 @@ from localkb.errors import (
     KnowledgeBaseNotFound,
     ModelMismatch,
     SourceNotFound,
+    TeamUnavailable,
 )
 from localkb.ingest.chunk import passage_text
 from localkb.store.analysis import analyze
@@ -201,8 +204,7 @@ class AdvisoryLocks(ItemLocks):
             if k in self._held:  # the job's own hold (a key sharing the hash shares it, as stripes do)
                 self._held[k] += 1
                 return True
-            row = self._connection().execute("SELECT pg_try_advisory_lock(%s, %s)",
-                                             (self.NAMESPACE, k)).fetchone()
+            row = self._run("SELECT pg_try_advisory_lock(%s, %s)", k).fetchone()
             if not row[0]:
                 return False
             self._held[k] = 1
@@ -216,7 +218,24 @@ class AdvisoryLocks(ItemLocks):
             self._held[k] -= 1
             if self._held[k] == 0:
                 del self._held[k]
-                self._conn.execute("SELECT pg_advisory_unlock(%s, %s)", (self.NAMESPACE, k))
+                with contextlib.suppress(TeamUnavailable):  # a lost session took its locks with it
+                    self._run("SELECT pg_advisory_unlock(%s, %s)", k)
+
+    def _run(self, statement: str, k: int):
+        """One statement on the lock session; a lost session is forgotten with its locks, and
+        its error mapped as every other team database error is."""
+        import psycopg
+
+        from localkb.team.db import mapped
+
+        try:
+            return self._connection().execute(statement, (self.NAMESPACE, k))
+        except psycopg.Error as err:
+            self._held.clear()
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+            raise mapped(err) from err
 
     def release_all(self) -> None:
         with self._mutex:
@@ -303,6 +322,17 @@ class TeamStore(KnowledgeStore):
 
     def create_kb(self, name: str, *, privacy: str = "device", model: str | None = None,
                   default_access: int = 0) -> KBRecord:
+        return self._create(name, privacy=privacy, model=model, default_access=default_access)
+
+    def create_imported(self, name: str, *, privacy: str, model: str, sources: Sequence[dict],
+                        chunks: Sequence[dict], vectors: np.ndarray) -> KBRecord:
+        """A new knowledge base holding an archive's rows, made in one transaction: a kill
+        leaves it whole or absent, never listed half-filled."""
+        return self._create(name, privacy=privacy, model=model, default_access=0,
+                            fill=lambda conn, kb: kb._insert_rows(conn, sources, chunks, vectors))
+
+    def _create(self, name: str, *, privacy: str, model: str | None, default_access: int,
+                fill: Callable[[Any, TeamKnowledgeBase], None] | None = None) -> KBRecord:
         from localkb.store.kb import check_name
 
         require_admin(self.access)
@@ -311,13 +341,16 @@ class TeamStore(KnowledgeStore):
             raise InvalidInput(f"privacy must be 'device' or 'cloud', not {privacy!r}")
         spec = self.models.spec(model or self.settings.default_model)
         kb_id = "tkb_" + uuid.uuid4().hex[:12]
+        self._ensure_vector_index(spec.dim)  # first: its rows are written beside the index
         with self.db.tx() as conn:
             if conn.execute("SELECT 1 FROM kbs WHERE lower(name) = lower(%s)", (name,)).fetchone():
                 raise Conflict(f"a knowledge base named {name!r} already exists")
-            conn.execute("INSERT INTO kbs (id, name, privacy, model, dim, created, default_access) "
-                         "VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                         (kb_id, name, privacy, spec.id, spec.dim, time.time(), int(default_access)))
-        self._ensure_vector_index(spec.dim)
+            row = conn.execute("INSERT INTO kbs (id, name, privacy, model, dim, created, default_access) "
+                               "VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING *",
+                               (kb_id, name, privacy, spec.id, spec.dim, time.time(),
+                                int(default_access))).fetchone()
+            if fill is not None:
+                fill(conn, TeamKnowledgeBase(self, _record(row), write_level=self.write_level))
         return self.resolve(kb_id)
 
     def _ensure_vector_index(self, dim: int) -> None:
@@ -857,30 +890,35 @@ class TeamKnowledgeBase(KnowledgeBaseHandle):
 
     def import_rows(self, sources: Sequence[dict], chunks: Sequence[dict], vectors: np.ndarray) -> None:
         self.check_writable()
+        with self.db.tx() as conn:
+            self._lock(conn)
+            self._insert_rows(conn, sources, chunks, vectors)
+
+    def _insert_rows(self, conn, sources: Sequence[dict], chunks: Sequence[dict],
+                     vectors: np.ndarray) -> None:
+        """An archive's sources and passages, in the caller's transaction."""
         level = self.write_level if self.write_level is not None else 0
         new_sid = {s["id"]: source_id(self.id, s["key"]) for s in sources}
         titles = {s["id"]: s["title"] for s in sources}
         now = time.time()
-        with self.db.tx() as conn:
-            self._lock(conn)
-            with conn.cursor() as cur:
-                cur.executemany(
-                    "INSERT INTO sources (id, kb_id, key, type, title, url, file_name, content_hash, "
-                    "captured_by, chunk_count, pages, lang, added_at, updated_at, access_level, added_by) "
-                    "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
-                    [(new_sid[s["id"]], self.id, s["key"], s["type"], s["title"], s["url"], s["file_name"],
-                      s["content_hash"], s["captured_by"], s["chunk_count"], s["pages"], s["lang"],
-                      s["added_at"], s["updated_at"], level, self.store.access.user) for s in sources])
-            by_source: dict[str, list[ChunkWrite]] = {}
-            for c, vec in zip(chunks, vectors, strict=True):
-                sid = new_sid[c["source"]]
-                by_source.setdefault(c["source"], []).append(ChunkWrite(
-                    id=chunk_id(self.id, sid, c["index"]), idx=c["index"], text=c["text"],
-                    text_hash=c["text_hash"], page=c["page"], tokens=c["tokens"], vector=vec,
-                    indexed_by=c["indexed_by"]))
-            for old_sid, rows in by_source.items():
-                self._upsert_chunks(conn, new_sid[old_sid], titles[old_sid], level, rows, now=now)
-            self._bump(conn)
+        with conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO sources (id, kb_id, key, type, title, url, file_name, content_hash, "
+                "captured_by, chunk_count, pages, lang, added_at, updated_at, access_level, added_by) "
+                "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
+                [(new_sid[s["id"]], self.id, s["key"], s["type"], s["title"], s["url"], s["file_name"],
+                  s["content_hash"], s["captured_by"], s["chunk_count"], s["pages"], s["lang"],
+                  s["added_at"], s["updated_at"], level, self.store.access.user) for s in sources])
+        by_source: dict[str, list[ChunkWrite]] = {}
+        for c, vec in zip(chunks, vectors, strict=True):
+            sid = new_sid[c["source"]]
+            by_source.setdefault(c["source"], []).append(ChunkWrite(
+                id=chunk_id(self.id, sid, c["index"]), idx=c["index"], text=c["text"],
+                text_hash=c["text_hash"], page=c["page"], tokens=c["tokens"], vector=vec,
+                indexed_by=c["indexed_by"]))
+        for old_sid, rows in by_source.items():
+            self._upsert_chunks(conn, new_sid[old_sid], titles[old_sid], level, rows, now=now)
+        self._bump(conn)
 
     # -- re-embedding (ingest/reembed.py), administrators only -------------------------------
     @contextmanager
