@@ -198,7 +198,7 @@ def test_fuzzing_the_openapi_document_finds_no_5xx_and_one_error_shape(ops):
     from hypothesis import HealthCheck, given
     from hypothesis import settings as hsettings
 
-    status, _, raw = _raw(ops.url, "GET", "/v1/openapi.json")
+    raw = _raw(ops.url, "GET", "/v1/openapi.json")[2]
     schema = schemathesis.openapi.from_dict(json.loads(raw))
     seen: list[tuple[str, int]] = []
 

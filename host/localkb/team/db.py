@@ -41,8 +41,8 @@ def mapped(err: psycopg.Error) -> Exception:
     """Our error for a PostgreSQL one: unreachable -> TeamUnavailable, anything else -> StoreError.
 
     Unreachable: not connected, the connection lost or closed (mid-read or mid-write alike),
-    the server shutting down, no connection to be had (``PoolTimeout`` while the pool could
-    not open the connections it may hold; with every one of them busy it is ``TeamBusy``).
+    the server shutting down, no connection to be had (``PoolTimeout`` while PostgreSQL takes
+    no new connection; while it does, every pooled one is busy: ``TeamBusy``, in ``conn``).
     """
     if isinstance(err, psycopg.OperationalError | psycopg.InterfaceError):
         return TeamUnavailable(f"the team database cannot be reached: {str(err).strip()[:500]}")
@@ -53,7 +53,7 @@ class Database:
     """A pool of connections to one team database, plus small caches keyed by generation."""
 
     def __init__(self, url: str, *, min_size: int = 1, max_size: int = 16,
-                 timeout: float = 30.0, wait: float = 10.0) -> None:
+                 timeout: float = 30.0, wait: float | None = None) -> None:
         from psycopg_pool import ConnectionPool
 
         from localkb.team.schema import check_server, migrate
@@ -80,7 +80,9 @@ class Database:
         self._cache: OrderedDict[tuple, Any] = OrderedDict()
         self._cache_lock = threading.Lock()
         #: How long a request waits for a pooled connection before it is refused (``team_busy``).
-        self.wait = wait
+        self.wait = timeout if wait is None else wait
+        self._probe_lock = threading.Lock()
+        self._probed: tuple[float, bool] = (-1e9, True)
         #: Called with the seconds each checkout waited (``team.metrics``); None: not measured.
         self.on_wait: Callable[[float], None] | None = None
 
@@ -98,14 +100,26 @@ class Database:
         except PoolTimeout as err:
             if self.on_wait is not None:
                 self.on_wait(time.perf_counter() - started)
-            if self.pool.get_stats().get("pool_size", 0) < self.pool.max_size:
-                # The pool could not open the connections it may hold: PostgreSQL is not there.
+            if not self._reachable():
                 raise mapped(err) from err
             raise TeamBusy(f"every one of the {self.pool.max_size} database connections stayed busy "
                            f"for {self.wait:g} s", detail={"retry_after_s": max(1, round(self.wait))}
                            ) from err
         except psycopg.Error as err:
             raise mapped(err) from err
+
+    def _reachable(self) -> bool:
+        """Whether PostgreSQL takes a new connection (asked at most once a second, on a pool timeout)."""
+        now = time.monotonic()
+        with self._probe_lock:
+            if now - self._probed[0] >= 1.0:
+                try:
+                    with psycopg.connect(self.url, connect_timeout=3):
+                        ok = True
+                except psycopg.Error:
+                    ok = False
+                self._probed = (now, ok)
+            return self._probed[1]
 
     @contextmanager
     def tx(self) -> Iterator[psycopg.Connection]:
