@@ -13,9 +13,8 @@ What runs, side by side on this machine (each in its own process):
 
 Data: the PostgreSQL 15 manual (``/usr/share/doc/postgresql-doc-15/html``), each page's text
 split into passages of 200+ characters (paragraphs packed; 11,430 of them), one knowledge
-base; the vectors are random unit vectors (384-d) written through the store seam without
-embedding, so the HNSW walk and the keyword leg cost what they would, but vector neighbours
-are not meaningful. Queries are
+base, embedded once by the real model (``--random-vectors``: random unit vectors instead, a
+quick build whose HNSW walks are much longer than real ones). Queries are
 the manual's own section titles, embedded by the server's real model. Three roles
 (public/internal/secret clearances), five users, one token each; passage levels vary.
 
@@ -82,7 +81,7 @@ def corpus(limit: int) -> tuple[list[tuple[str, str, str]], list[str]]:
     return out[:limit], [t for t in titles if t and len(t) > 8]
 
 
-def build(pg_url: str, passages: int) -> dict:
+def build(pg_url: str, passages: int, *, random_vectors: bool) -> dict:
     """The database ``load``: one knowledge base of the manual, 3 roles, 5 users and their tokens."""
     import numpy as np
     import psycopg
@@ -109,8 +108,15 @@ def build(pg_url: str, passages: int) -> dict:
         conn.execute("DROP INDEX IF EXISTS chunks_hnsw_384")
         conn.commit()
     rng = np.random.default_rng(15)
-    vecs = rng.normal(size=(len(data), 384)).astype(np.float32)
-    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    if random_vectors:
+        vecs = rng.normal(size=(len(data), 384)).astype(np.float32)
+        vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    else:
+        from localkb.ingest.chunk import passage_text
+
+        t0 = time.perf_counter()
+        vecs = store.open_kb(rec.id).embedder.embed([passage_text(t, x) for _, t, x in data])
+        print(f"  embedded {len(data):,} passages in {time.perf_counter() - t0:.0f} s", flush=True)
     levels = rng.choice(4, size=len(data), p=[0.5, 0.3, 0.15, 0.05])
     by_level: dict[int, list] = {}
     for i, (page_url, title, text) in enumerate(data):
@@ -261,6 +267,9 @@ def main() -> None:
     ap.add_argument("--compare", default=None, help="a second host folder, run interleaved (A B A B)")
     ap.add_argument("--server-arg", action="append", default=[], help="an extra flag for --code's server")
     ap.add_argument("--rebuild", action="store_true", help="rebuild the cached database")
+    ap.add_argument("--random-vectors", action="store_true",
+                    help="random unit vectors instead of the real model's (a quicker build; HNSW walks "
+                    "random vectors far longer than real ones)")
     args = ap.parse_args()
 
     from localkb.team.embedded import EmbeddedPostgres
@@ -269,12 +278,15 @@ def main() -> None:
     pg = EmbeddedPostgres(CACHE / "pg")
     pg.acquire(wait=True)
     base_url = pg.start()
-    facts_file = CACHE / f"facts-{args.passages}.json"
+    facts_file = CACHE / f"facts-{args.passages}{'-random' if args.random_vectors else ''}.json"
     llm = None
     try:
         if args.rebuild or not facts_file.exists():
             print(f"building the load database in {CACHE} (once)", flush=True)
-            facts_file.write_text(json.dumps(build(base_url, args.passages)))
+            for old in CACHE.glob("facts-*.json"):  # one database: the other build is gone
+                old.unlink()
+            facts_file.write_text(json.dumps(build(base_url, args.passages,
+                                                   random_vectors=args.random_vectors)))
         facts = json.loads(facts_file.read_text())
         import psycopg
 
