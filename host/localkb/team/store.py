@@ -1009,8 +1009,10 @@ class TeamLegs(Legs):
     """
 
     session_settings: dict[str, object] = {}  # noqa: RUF012 - a class-wide hook, replaced, never mutated
-    #: Each call takes its own pooled connection: the Searcher runs the two legs side by side.
-    concurrent = True
+    #: Each call takes its own pooled connection, so the Searcher could run the two legs side by
+    #: side; off: under load (bench/team_load.py, 50 users, real vectors) it cost throughput
+    #: (17.5 req/s against 20.6 without it, the release before 19-23) on a saturated machine.
+    concurrent = False
 
     def __init__(self, kb: TeamKnowledgeBase) -> None:
         self.kb = kb
