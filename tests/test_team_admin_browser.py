@@ -96,6 +96,12 @@ def test_an_administrator_manages_the_team_from_the_admin_page(team):
             assert errors == [], errors
         finally:
             browser.close()
+    # every change made on the page is in the audit log under the administrator who made it
+    with httpx.Client(base_url=team.url, trust_env=False) as http:
+        audit = http.get("/v1/audit?limit=100", headers={"Authorization": f"Bearer {team.tokens['root']}"})
+    mine = [(e["actor"], e["action"]) for e in audit.json()["result"]["audit"] if e["actor"] == "root"]
+    assert any("grant" in action for _, action in mine), audit.text
+    assert any("role" in action for _, action in mine), audit.text
     # the API itself refuses a non-administrator before it reads anything
     with httpx.Client(base_url=team.url, trust_env=False) as http:
         for method, path in (("GET", "/v1/admin/users"), ("GET", "/v1/admin/roles"),

@@ -32,6 +32,8 @@ the boundary with ``raise X(...) from err``.
     ├── FetchFailed                 fetch_failed
     ├── LLMUnavailable              llm_unavailable
     ├── TeamUnavailable             team_unavailable
+    │   ├── TeamBusy                team_busy
+    │   └── SchemaTooNew            schema_too_new
     ├── PrivacyBlocked              privacy_blocked
     ├── DecryptionFailed            decryption_failed
     │   └── PassphraseRequired      passphrase_required
@@ -207,6 +209,18 @@ class TeamUnavailable(LocalKBError):
     """A team server, or the PostgreSQL behind it, could not be reached or failed."""
 
     code = "team_unavailable"
+
+
+class TeamBusy(TeamUnavailable):
+    """Every pooled database connection stayed in use past the wait bound: try again shortly."""
+
+    code = "team_busy"
+
+
+class SchemaTooNew(TeamUnavailable):
+    """The team database was migrated by a newer release than this one: refused, never downgraded."""
+
+    code = "schema_too_new"
 
 
 class PrivacyBlocked(LocalKBError):

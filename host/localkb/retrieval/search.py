@@ -10,6 +10,7 @@ unavailable, with the numbers behind it.
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -442,11 +443,19 @@ class Searcher:
                               exact_terms=[e.text for e in plan.exact])
         qcache = {} if query_vectors is None else query_vectors
         started = time.perf_counter()
-        for ref in kb_refs:
-            status, hits = self._search_one(ref, query, plan=plan, k=k, mode=mode,
-                                            cutoff=cutoff, rerank=rerank, floor=floor,
-                                            per_source=per_source, qcache=qcache,
-                                            trace=result.trace)
+        def one(ref: str):
+            return lambda: self._search_one(ref, query, plan=plan, k=k, mode=mode, cutoff=cutoff,
+                                            rerank=rerank, floor=floor, per_source=per_source,
+                                            qcache=qcache, trace=result.trace)
+
+        if len(kb_refs) > 1 and getattr(self.store, "concurrent", False):
+            # A store whose knowledge bases each take their own connections (the team store):
+            # searched side by side, reported in the order asked.
+            runs = [_Background(one(ref)) for ref in kb_refs]
+            outcomes = [r.result() for r in runs]
+        else:
+            outcomes = [one(ref)() for ref in kb_refs]
+        for status, hits in outcomes:
             result.statuses.append(status)
             result.hits += [h for h in hits if h.relevant]
             result.weaker += [h for h in hits if not h.relevant]
@@ -575,6 +584,11 @@ class Searcher:
         got = Candidates()
         terms = list(plan.terms)
         name = kb.record.name
+        early = None
+        if mode == "hybrid" and getattr(legs, "concurrent", False):
+            # Legs that each take their own database connection: the keyword leg runs beside
+            # the query's embedding and the vector leg (its outcome is read below, as before).
+            early = _Background(lambda: self._keyword_fetch(legs, plan, found, terms, want=want, t=t))
         if mode in ("hybrid", "vector"):
             try:
                 t0 = time.perf_counter()
@@ -595,20 +609,8 @@ class Searcher:
                                              [e.text for e in plan.exact])
         if mode in ("hybrid", "keyword") or got.embed_error is not None:
             try:
-                t0 = time.perf_counter()
-                # Single-term back-off forms, and the parts of a code-like term no passage
-                # holds whole: asked for, scored, never counted as terms a passage matched.
-                extra = {a for m in found for a in m.extra_terms}
-                how = {m.term.term: m.how for m in found}
-                asked = [p for term, ps in plan.parts
-                         if (how[term] if term in how else
-                             "whole" if legs.doc_frequency(term) else "missing") != "whole"
-                         for p in ps]
-                if asked:
-                    t["parts"] = sorted(set(asked))
-                extra |= set(asked) - set(terms)
-                khits = legs.keyword(terms + sorted(extra), want)
-                t["keyword_ms"] = _ms(t0)
+                khits, extra = (early.result() if early is not None
+                                else self._keyword_fetch(legs, plan, found, terms, want=want, t=t))
             except LocalKBError as err:
                 if got.embed_error is not None or mode == "keyword":
                     return self._unavailable(kb.id, name, cutoff, got.embed_error or err,
@@ -645,6 +647,26 @@ class Searcher:
             except LocalKBError:
                 got.qvec = None
         return got
+
+    @staticmethod
+    def _keyword_fetch(legs: Legs, plan: QueryPlan, found: list[TermMatch], terms: list[str], *,
+                       want: int, t: dict) -> tuple[list[KeywordHit], set[str]]:
+        """The keyword leg's hits, and the extra terms it was asked for beside the query's."""
+        t0 = time.perf_counter()
+        # Single-term back-off forms, and the parts of a code-like term no passage
+        # holds whole: asked for, scored, never counted as terms a passage matched.
+        extra = {a for m in found for a in m.extra_terms}
+        how = {m.term.term: m.how for m in found}
+        asked = [p for term, ps in plan.parts
+                 if (how[term] if term in how else
+                     "whole" if legs.doc_frequency(term) else "missing") != "whole"
+                 for p in ps]
+        if asked:
+            t["parts"] = sorted(set(asked))
+        extra |= set(asked) - set(terms)
+        khits = legs.keyword(terms + sorted(extra), want)
+        t["keyword_ms"] = _ms(t0)
+        return khits, extra
 
     def _exact_lists(self, legs: Legs, got: Candidates, khits: Sequence[KeywordHit],
                      present: list[TermMatch], *, want: int, n_terms: int) -> None:
@@ -755,6 +777,29 @@ class Searcher:
                         exact_terms=exact_terms,
                         message=("the search could not run, so this says nothing about what is "
                                  f"stored: {err}"))
+
+
+class _Background:
+    """A call run on a thread of its own; ``result()`` waits for it and returns or raises what it did."""
+
+    def __init__(self, fn) -> None:
+        self._fn = fn
+        self._out: tuple = ()
+        self._thread = threading.Thread(target=self._run, name="localkb-leg", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._out = (True, self._fn())
+        except BaseException as err:  # handed to the caller of result(), who decides
+            self._out = (False, err)
+
+    def result(self):
+        self._thread.join()
+        ok, value = self._out
+        if not ok:
+            raise value
+        return value
 
 
 def _ms(t0: float) -> float:

@@ -98,6 +98,10 @@ class Access:
                     k: {"level": LEVELS[g.level], "write": g.can_write} for k, g in self.kbs.items()}}
 
 
+#: How stale a token's ``last_used`` may be: it is written on a request at most this often.
+LAST_USED_EVERY_S = 300
+
+
 def token_digest(secret: str) -> bytes:
     return hashlib.sha256(secret.encode()).digest()
 
@@ -105,8 +109,16 @@ def token_digest(secret: str) -> bytes:
 class Directory:
     """Users, roles, grants and tokens in the team database."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, *, actor: str = "cli", instance: str | None = None) -> None:
         self.db = db
+        #: Who the audit log names for changes made through this directory.
+        self.actor = actor
+        self.instance = instance
+
+    def _audit(self, conn, action: str, target: str, **detail) -> None:
+        from localkb.team import audit
+
+        audit.write(conn, self.actor, action, target, detail, instance=self.instance)
 
     # -- authentication ------------------------------------------------------------------
     def authenticate(self, token: str | None) -> Access:
@@ -118,7 +130,7 @@ class Directory:
             raise Unauthorized("the API token is not a LocalKB team token")
         with self.db.conn() as conn:
             row = conn.execute(
-                "SELECT t.user_id, t.digest, t.revoked, u.name, u.is_admin FROM tokens t "
+                "SELECT t.user_id, t.digest, t.revoked, t.last_used, u.name, u.is_admin FROM tokens t "
                 "JOIN users u ON u.id = t.user_id WHERE t.id = %s", (m.group(1),)).fetchone()
             # Compared even when there is no row, so a wrong id costs the same as a wrong secret.
             good = hmac.compare_digest(bytes(row["digest"]) if row else b"\0" * 32,
@@ -127,7 +139,11 @@ class Directory:
                 raise Unauthorized("the API token is not valid")
             if row["revoked"] is not None:
                 raise Unauthorized("the API token was revoked")
-            conn.execute("UPDATE tokens SET last_used = %s WHERE id = %s", (time.time(), m.group(1)))
+            now = time.time()
+            # Written at most once per LAST_USED_EVERY_S per token, never once per request: a
+            # write on every request serialises a busy team on the token rows.
+            if row["last_used"] is None or now - row["last_used"] >= LAST_USED_EVERY_S:
+                conn.execute("UPDATE tokens SET last_used = %s WHERE id = %s", (now, m.group(1)))
             conn.commit()
         return self.access(row["user_id"], row["name"], row["is_admin"])
 
@@ -153,12 +169,15 @@ class Directory:
             for role in roles:
                 rid = self._role_id(conn, role)
                 conn.execute("INSERT INTO user_roles VALUES (%s, %s) ON CONFLICT DO NOTHING", (uid, rid))
+            self._audit(conn, "user.add", name, admin=admin, roles=list(roles))
         return self.user(name)
 
     def remove_user(self, name: str) -> dict:
         with self.db.tx() as conn:
             row = conn.execute("DELETE FROM users WHERE lower(name) = lower(%s) RETURNING id, name",
                                (name,)).fetchone()
+            if row is not None:
+                self._audit(conn, "user.remove", row["name"])
         if row is None:
             raise NotFound(f"no user named {name!r}")
         return {"removed": row["name"], "id": row["id"]}
@@ -190,6 +209,7 @@ class Directory:
             for role in remove:
                 conn.execute("DELETE FROM user_roles WHERE user_id = %s AND role_id = %s",
                              (uid, self._role_id(conn, role)))
+            self._audit(conn, "user.roles", name, add=list(add), remove=list(remove))
         return self.user(name)
 
     # -- roles -----------------------------------------------------------------------------
@@ -201,12 +221,15 @@ class Directory:
                 raise Conflict(f"a role named {name!r} already exists")
             conn.execute("INSERT INTO roles (id, name, clearance, created) VALUES (%s, %s, %s, %s)",
                          ("r_" + uuid.uuid4().hex[:12], name, level, time.time()))
+            self._audit(conn, "role.add", name, clearance=LEVELS[level])
         return self.role(name)
 
     def set_clearance(self, name: str, clearance: object) -> dict:
         with self.db.tx() as conn:
             n = conn.execute("UPDATE roles SET clearance = %s WHERE lower(name) = lower(%s)",
                              (level_of(clearance), name)).rowcount
+            if n:
+                self._audit(conn, "role.clearance", name, clearance=LEVELS[level_of(clearance)])
         if not n:
             raise NotFound(f"no role named {name!r}")
         return self.role(name)
@@ -215,6 +238,8 @@ class Directory:
         with self.db.tx() as conn:
             row = conn.execute("DELETE FROM roles WHERE lower(name) = lower(%s) RETURNING name",
                                (name,)).fetchone()
+            if row is not None:
+                self._audit(conn, "role.remove", row["name"])
         if row is None:
             raise NotFound(f"no role named {name!r}")
         return {"removed": row["name"]}
@@ -241,12 +266,15 @@ class Directory:
             rid = self._role_id(conn, role)
             conn.execute("INSERT INTO grants VALUES (%s, %s, %s) ON CONFLICT (role_id, kb_id) "
                          "DO UPDATE SET can_write = excluded.can_write", (rid, kb_id, write))
+            self._audit(conn, "grant", role, kb=kb_id, write=write)
         return self.role(role)
 
     def revoke(self, role: str, kb_id: str) -> dict:
         with self.db.tx() as conn:
             n = conn.execute("DELETE FROM grants WHERE role_id = %s AND kb_id = %s",
                              (self._role_id(conn, role), kb_id)).rowcount
+            if n:
+                self._audit(conn, "revoke", role, kb=kb_id)
         if not n:
             raise NotFound(f"role {role!r} holds no grant on that knowledge base")
         return self.role(role)
@@ -261,6 +289,7 @@ class Directory:
             conn.execute("INSERT INTO tokens (id, user_id, name, digest, created) "
                          "VALUES (%s, %s, %s, %s, %s)",
                          (tid, uid, str(name)[:80], token_digest(secret), time.time()))
+            self._audit(conn, "token.create", user, token_id=tid, name=str(name)[:80])
         return {"token": f"lkt_{tid}_{secret}", "id": tid, "user": user, "name": name}
 
     def revoke_token(self, token_id: str) -> dict:
@@ -268,6 +297,8 @@ class Directory:
         with self.db.tx() as conn:
             n = conn.execute("UPDATE tokens SET revoked = %s WHERE id = %s AND revoked IS NULL",
                              (time.time(), tid)).rowcount
+            if n:
+                self._audit(conn, "token.revoke", tid)
         if not n:
             raise NotFound(f"no live token with id {tid!r}")
         return {"revoked": tid}

@@ -54,7 +54,11 @@ def _names(data: dict, key: str) -> list[str]:
 class TeamAdmin:
     def __init__(self, api) -> None:
         self.api = api
-        self.directory: Directory = api.directory
+
+    def _dir(self, req) -> Directory:
+        """The directory acting as the signed-in administrator (so the audit log names them)."""
+        require_admin(req.access)
+        return Directory(self.api.db, actor=req.access.user, instance=self.api.instance)
 
     def routes(self) -> list[tuple[str, tuple[str, ...], Any, bool]]:
         return [("GET", ("admin",), self.page, False),
@@ -83,18 +87,18 @@ class TeamAdmin:
     # -- users ---------------------------------------------------------------------------
     def users(self, req) -> dict:
         require_admin(req.access)
-        return {"users": self.directory.users(), "levels": list(LEVELS)}
+        return {"users": self._dir(req).users(), "levels": list(LEVELS)}
 
     def user_add(self, req) -> dict:
         require_admin(req.access)
         data = req.json()
-        return self.directory.add_user(req_str(data, "name", max_len=64), admin=req_bool(data, "admin"),
+        return self._dir(req).add_user(req_str(data, "name", max_len=64), admin=req_bool(data, "admin"),
                                        roles=_names(data, "roles"))
 
     def user_roles(self, req, name: str) -> dict:
         require_admin(req.access)
         data = req.json()
-        return self.directory.set_user_roles(name, add=_names(data, "add_roles"),
+        return self._dir(req).set_user_roles(name, add=_names(data, "add_roles"),
                                              remove=_names(data, "remove_roles"))
 
     def user_remove(self, req, name: str) -> dict:
@@ -102,26 +106,26 @@ class TeamAdmin:
         if name.lower() == (req.access.user or "").lower():
             raise InvalidInput("you cannot remove yourself: another administrator can",
                                detail={"field": "name"})
-        return self.directory.remove_user(name)
+        return self._dir(req).remove_user(name)
 
     # -- roles ---------------------------------------------------------------------------
     def roles(self, req) -> dict:
         require_admin(req.access)
-        return {"roles": self.directory.roles(), "levels": list(LEVELS)}
+        return {"roles": self._dir(req).roles(), "levels": list(LEVELS)}
 
     def role_add(self, req) -> dict:
         require_admin(req.access)
         data = req.json()
-        return self.directory.add_role(req_str(data, "name", max_len=64),
+        return self._dir(req).add_role(req_str(data, "name", max_len=64),
                                        req_str(data, "clearance", max_len=20))
 
     def role_clearance(self, req, name: str) -> dict:
         require_admin(req.access)
-        return self.directory.set_clearance(name, req_str(req.json(), "clearance", max_len=20))
+        return self._dir(req).set_clearance(name, req_str(req.json(), "clearance", max_len=20))
 
     def role_remove(self, req, name: str) -> dict:
         require_admin(req.access)
-        return self.directory.remove_role(name)
+        return self._dir(req).remove_role(name)
 
     # -- grants --------------------------------------------------------------------------
     def _kb_id(self, req, ref: str) -> str:
@@ -130,23 +134,23 @@ class TeamAdmin:
     def grant(self, req) -> dict:
         require_admin(req.access)
         data = req.json()
-        return self.directory.grant(req_str(data, "role", max_len=64),
+        return self._dir(req).grant(req_str(data, "role", max_len=64),
                                     self._kb_id(req, req_str(data, "kb", max_len=200)),
                                     write=req_bool(data, "write"))
 
     def revoke(self, req) -> dict:
         require_admin(req.access)
         data = req.json()
-        return self.directory.revoke(req_str(data, "role", max_len=64),
+        return self._dir(req).revoke(req_str(data, "role", max_len=64),
                                      self._kb_id(req, req_str(data, "kb", max_len=200)))
 
     # -- tokens --------------------------------------------------------------------------
     def token_create(self, req) -> dict:
         require_admin(req.access)
         data = req.json()
-        return self.directory.create_token(req_str(data, "user", max_len=64),
+        return self._dir(req).create_token(req_str(data, "user", max_len=64),
                                            req_str(data, "name", required=False, max_len=64) or "default")
 
     def token_revoke(self, req, token_id: str) -> dict:
         require_admin(req.access)
-        return self.directory.revoke_token(token_id)
+        return self._dir(req).revoke_token(token_id)

@@ -103,7 +103,7 @@ class TeamChat:
         self.semantic = threshold is not None
         self.limiter = RateLimiter(api.db, config.caps)
         self.limiter.seed()  # the first server's caps; after that the database's
-        self.log = QueryLog(api.db)
+        self.log = QueryLog(api.db, instance=api.instance)
         self._lock = threading.Lock()
 
     def routes(self) -> list[tuple[str, tuple[str, ...], Any, bool]]:

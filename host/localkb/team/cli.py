@@ -9,16 +9,22 @@ started for the command and stopped after it when no ``team serve`` is running t
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
 from localkb.config import Settings
 from localkb.errors import InvalidInput
 from localkb.strings import plural
+
+#: ``team serve``'s database pool: connections held at most, and seconds a request waits for one.
+POOL_SIZE = 32
+POOL_WAIT_S = 10.0
 
 
 def _settings() -> Settings:
@@ -166,11 +172,17 @@ def cmd_serve(args, out) -> int:
         where = "the PostgreSQL at --db" if args.db else f"the embedded PostgreSQL in {_team_dir(args)}"
         print(f"localkb team server {args.name!r} listening on {url} (database: {where})", flush=True)
 
+    if args.pool_size < 1 or not 0 < args.pool_wait <= 600:
+        raise InvalidInput("--pool-size must be at least 1 and --pool-wait from 0 to 600 seconds")
+    from localkb.team import accesslog
+
+    accesslog.configure(args.access_log)
     serve(args.db or os.environ.get("LOCALKB_TEAM_DB"), team_dir=_team_dir(args), host=args.host,
           port=args.port, name=args.name, settings=_settings(), ready=ready, stop=stop,
           chat=chat_config(args), rerank_model=args.rerank_model,
           allowed_hosts=tuple(args.allowed_host or ()),
-          trusted_proxies=tuple(args.trusted_proxy or ()))
+          trusted_proxies=tuple(args.trusted_proxy or ()), pool_size=args.pool_size,
+          pool_wait=args.pool_wait)
     print("localkb team server stopped", flush=True)
     return 0
 
@@ -225,12 +237,36 @@ def cmd_log(args, out) -> int:
     return 0
 
 
+def cmd_audit(args, out) -> int:
+    from localkb.team.audit import AuditLog
+
+    with admin_database(args) as db:
+        rows, total = AuditLog(db).list(limit=args.limit)
+    lines = [f"{total} administrative changes logged"]
+    for r in rows:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r["at"]))
+        lines.append(f"#{r['id']} {when} UTC {r['actor']} {r['action']} {r['target']} "
+                     f"{json.dumps(r['detail'], ensure_ascii=False)}")
+    out.emit({"audit": rows, "total": total}, "\n".join(lines))
+    return 0
+
+
+def _actor() -> str:
+    """The audit log's actor for a CLI change: the operating-system user who ran it."""
+    import getpass
+
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):
+        return "cli"
+
+
 # -- admin --------------------------------------------------------------------------------
 def cmd_user(args, out) -> int:
     from localkb.team.access import Directory
 
     with admin_database(args) as db:
-        d = Directory(db)
+        d = Directory(db, actor=_actor())
         if args.action == "add":
             res = d.add_user(args.name, admin=args.admin, roles=args.role or [])
             text = f"added user {res['name']} (roles: {', '.join(res['roles']) or 'none'})"
@@ -254,7 +290,7 @@ def cmd_role(args, out) -> int:
     from localkb.team.access import Directory
 
     with admin_database(args) as db:
-        d = Directory(db)
+        d = Directory(db, actor=_actor())
         if args.action == "add":
             res = d.add_role(args.name, args.clearance)
             text = f"added role {res['name']} (clearance {res['clearance']})"
@@ -279,7 +315,7 @@ def cmd_grant(args, out) -> int:
 
     with admin_database(args) as db:
         rec = _system_store(db).resolve(args.kb)
-        d = Directory(db)
+        d = Directory(db, actor=_actor())
         if args.command_name == "grant":
             res = d.grant(args.role, rec.id, write=args.write)
             text = f"{args.role} may now {'read and write' if args.write else 'read'} {rec.name}"
@@ -294,7 +330,7 @@ def cmd_token(args, out) -> int:
     from localkb.team.access import Directory
 
     with admin_database(args) as db:
-        d = Directory(db)
+        d = Directory(db, actor=_actor())
         if args.action == "create":
             res = d.create_token(args.user, args.name)
             text = (f"{res['token']}\n(the only time this token is shown: give it to {res['user']}; "
@@ -433,6 +469,13 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
     c.add_argument("--max-chars", type=int, default=4000, help="longest chat message accepted")
     c.add_argument("--semantic-threshold", type=float, default=None,
                    help="serve a cached answer to a question this close (cosine); default off (see README)")
+    c.add_argument("--pool-size", type=int, default=POOL_SIZE,
+                   help=f"PostgreSQL connections the server holds at most (default {POOL_SIZE})")
+    c.add_argument("--pool-wait", type=float, default=POOL_WAIT_S,
+                   help="seconds a request waits for a connection before a 503 team_busy with "
+                   f"Retry-After (default {POOL_WAIT_S:g})")
+    c.add_argument("--access-log", default="-", metavar="FILE",
+                   help="one JSON line per request: '-' stderr (default), a file, or 'off'")
     c.set_defaults(func=cmd_serve)
     dbp = ts.add_parser("db", help="the embedded PostgreSQL on its own, for several servers")
     dbs = dbp.add_subparsers(dest="action", required=True)
@@ -457,6 +500,10 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
     c.add_argument("--format", choices=["jsonl", "csv"], default="jsonl")
     c.add_argument("--output", "-o", default=None, help="export to this file (default: stdout)")
     c.set_defaults(func=cmd_log)
+    c = ts.add_parser("audit", parents=[common, db], help="the audit log of administrative changes")
+    c.add_argument("action", choices=["list"])
+    c.add_argument("--limit", type=int, default=50)
+    c.set_defaults(func=cmd_audit)
 
     user = ts.add_parser("user", help="add, remove and list users")
     us = user.add_subparsers(dest="action", required=True)

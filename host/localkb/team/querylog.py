@@ -34,12 +34,16 @@ REDACTED = "[a source you can no longer see]"
 #: The fields of a citation or rerank entry that name or locate its source.
 _SOURCE_FIELDS = ("kb", "kb_name", "title", "url", "chunk_index", "chunk_id", "page", "text")
 _COLUMNS = ("id", "at", "user", "address", "kind", "query", "access", "kbs", "outcome", "error_code",
-            "cache", "stages", "rerank", "citations", "model", "total_ms")
+            "cache", "stages", "rerank", "citations", "model", "total_ms", "instance")
 
 
 class QueryLog:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, *, instance: str | None = None) -> None:
         self.db = db
+        #: The server process writing these rows (``TeamAPI.instance``); None from the CLI.
+        self.instance = instance
+        #: Told of each row written: (kind, cache tier or None, stages in ms) (``team.metrics``).
+        self.observe = None
 
     def record(self, access: Access, *, address: str | None, kind: str, query: str,
                kbs: list[str], outcome: str, error_code: str | None = None,
@@ -51,15 +55,17 @@ class QueryLog:
         with self.db.tx() as conn:
             row = conn.execute(
                 "INSERT INTO query_log (at, user_id, user_name, address, kind, query, access, kbs, "
-                "outcome, error_code, cache, stages, rerank, citations, model, total_ms) VALUES "
-                "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
+                "outcome, error_code, cache, stages, rerank, citations, model, total_ms, instance) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
                 # PostgreSQL text holds no NUL: a refused message with one is logged with U+FFFD.
                 (time.time(), access.user_id, access.user, address, kind,
                  query[:8000].replace("\x00", "\ufffd"),
                  json.dumps(access.public()), json.dumps(kbs), outcome, error_code, cache,
                  json.dumps(stages or {}), json.dumps(rerank) if rerank else None,
                  json.dumps(cites), json.dumps(model) if model else None,
-                 float(total_ms))).fetchone()
+                 float(total_ms), self.instance)).fetchone()
+        if self.observe is not None:
+            self.observe(kind, cache, stages)
         return int(row["id"])
 
     def _where(self, access: Access, user: str | None) -> tuple[str, dict]:
@@ -161,4 +167,4 @@ def _public(r: dict, visible: set[str] | None) -> dict:
             "outcome": r["outcome"], "error_code": r["error_code"], "cache": r["cache"],
             "stages": r["stages"], "rerank": rerank,
             "citations": [_seen(c, visible) for c in r["citations"] or []],
-            "model": r["model"], "total_ms": r["total_ms"]}
+            "model": r["model"], "total_ms": r["total_ms"], "instance": r.get("instance")}

@@ -222,6 +222,19 @@ CREATE TABLE rate_windows (
 );
 CREATE INDEX rate_windows_start ON rate_windows (window_start);
 """),
+    # Several servers on one database: each query-log row names the process that answered it.
+    (41, "operability: the answering instance on each query-log row, an audit log", """
+ALTER TABLE query_log ADD COLUMN instance text;
+CREATE TABLE audit_log (
+    id bigserial PRIMARY KEY,
+    at double precision NOT NULL,
+    actor text NOT NULL,
+    action text NOT NULL,
+    target text NOT NULL,
+    detail jsonb NOT NULL,
+    instance text
+);
+"""),
 )
 
 
@@ -238,6 +251,15 @@ def migrate(conn: psycopg.Connection) -> list[int]:
     conn.execute("CREATE TABLE IF NOT EXISTS migrations (version integer PRIMARY KEY, "
                  "name text NOT NULL, applied double precision NOT NULL)")
     conn.commit()
+    newest = schema_version(conn)
+    conn.commit()
+    known = max(v for v, _, _ in MIGRATIONS)
+    if newest > known:
+        from localkb.errors import SchemaTooNew
+
+        raise SchemaTooNew(f"the team database has schema version {newest}, newer than this release's "
+                           f"{known}: run the release that migrated it (or newer)",
+                           detail={"database": newest, "code": known})
     applied = []
     for version, name, sql in MIGRATIONS:
         with conn.transaction():

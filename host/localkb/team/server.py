@@ -12,7 +12,10 @@ matches the code (400 invalid_input, 401 unauthorized, 403 forbidden, 404 *_not_
 team_unavailable and embedding_unavailable). Bodies are read only up to their cap; nothing
 past it is read. The Host header is checked first (``hosts.py``: DNS rebinding).
 
-    GET    /v1/health                              no token: name, version, database state
+    GET    /v1/health[/ready]                      no token: name, version, database; 503 while it is down
+    GET    /v1/health/live                         no token: 200 while the process serves
+    GET    /metrics                                no token: Prometheus text (``team/metrics.py``)
+    GET    /v1/openapi.json                        no token: this API as OpenAPI 3.1 (``team/openapi.py``)
     GET    /v1/me                                  the caller and their access
     GET    /v1/kbs                                 knowledge bases the caller is granted
     POST   /v1/kbs                                 admin: {name, privacy?, model?, default_access?}
@@ -29,6 +32,10 @@ past it is read. The Host header is checked first (``hosts.py``: DNS rebinding).
     POST   /v1/import?name=&access=                admin: an .awkb file as the body, a new knowledge base
     GET    /v1/errors?source=&kb=&offset=&limit=   admin: the server's error log
     POST   /v1/chat, GET /v1/querylog[/export], GET /pipeline   team chat (``team/chat.py``)
+    GET    /v1/audit?offset=&limit=                admin: the audit log (``team/audit.py``)
+
+Every reply carries ``X-Request-Id``; each request is one JSON line of the access log
+(``team/accesslog.py``) and is counted in ``/metrics``.
 
 Hooks for issue 20 (team chat): every request passes through ``TeamAPI.dispatch`` with
 the caller's ``Access`` (whose ``key()`` is the cache key part of an access set), so
@@ -39,7 +46,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import secrets
+import socket
 import tempfile
 import threading
 import time
@@ -62,11 +72,13 @@ from localkb.errors import (
     TooLarge,
 )
 from localkb.inputs import b64_bytes, parse_object, req_bool, req_int, req_kbs, req_str
-from localkb.team import proxies
+from localkb.team import accesslog, proxies
 from localkb.team.access import Access, Directory, level_of, require_admin
 from localkb.team.admin import TeamAdmin
 from localkb.team.db import Database, mapped
 from localkb.team.hosts import HostNames
+from localkb.team.metrics import Metrics
+from localkb.team.openapi import template
 from localkb.team.schema import LEVELS
 from localkb.team.store import TeamStore
 
@@ -85,6 +97,7 @@ STATUS = {
     "too_large": 413, "unauthorized": 401, "forbidden": 403, "not_found": 404, "kb_not_found": 404,
     "source_not_found": 404, "conflict": 409, "nothing_written": 422, "model_mismatch": 409,
     "team_unavailable": 503, "embedding_unavailable": 503, "index_unavailable": 503,
+    "team_busy": 503, "schema_too_new": 503,
     "store_error": 500, "cancelled": 499, "rate_limited": 429, "guardrail_blocked": 422,
     "host_not_allowed": 421, "origin_not_allowed": 403,
 }
@@ -102,6 +115,8 @@ class Request:
         self.headers = headers
         self._read_body = body_reader
         self.access: Access | None = None
+        #: The matched route's template (``/v1/kbs/{kb}``), for metrics and the access log.
+        self.route = "unmatched"
         #: The client's IP address (the socket's peer; a proxy in front is that address).
         self.address: str | None = None
 
@@ -145,13 +160,18 @@ class TeamAPI:
                  chat=None, allowed_hosts: tuple[str, ...] = (),
                  trusted_proxies: tuple[str, ...] = ()) -> None:
         self.db = db
+        #: This server process, named on query-log and audit rows (several may share a database).
+        self.instance = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self.metrics = Metrics()
+        db.on_wait = lambda s: self.metrics.observe("localkb_team_pool_wait_seconds", s)
+        self.metrics.gauges["localkb_team_pool_connections"] = self._pool_gauges
         #: The Host names answered beside loopback ones (``hosts.py``: DNS rebinding).
         self.hosts = HostNames.of(allowed_hosts)
         #: Proxies whose X-Forwarded-For is believed (``team/proxies.py``).
         self.trusted_proxies = proxies.networks(trusted_proxies)
         self.settings = settings
         self.name = name
-        self.directory = Directory(db)
+        self.directory = Directory(db, actor="server", instance=self.instance)
         self.system = TeamStore(db, settings, Access.system())
         self.max_import_bytes = max_import_bytes
         self.max_json_bytes = max_json_bytes
@@ -159,6 +179,10 @@ class TeamAPI:
         self.reranker = None
         self.routes: list[tuple[str, tuple[str, ...], Callable[..., Any], bool]] = [
             ("GET", ("v1", "health"), self.health, False),
+            ("GET", ("v1", "health", "ready"), self.health, False),
+            ("GET", ("v1", "health", "live"), self.live, False),
+            ("GET", ("metrics",), self.metrics_text, False),
+            ("GET", ("v1", "openapi.json"), self.openapi, False),
             ("GET", ("v1", "me"), self.me, True),
             ("GET", ("v1", "kbs"), self.kb_list, True),
             ("POST", ("v1", "kbs"), self.kb_create, True),
@@ -178,10 +202,16 @@ class TeamAPI:
 
         #: Team chat (``team/chat.py``): its routes join these; ``chat`` is its ``ChatConfig``.
         self.chat = TeamChat(self, chat or ChatConfig())
+        self.chat.log.observe = self.metrics.query
         self.routes += self.chat.routes()
         #: The administrators' page and its API (``team/admin.py``).
         self.admin = TeamAdmin(self)
         self.routes += self.admin.routes()
+        from localkb.team.audit import AuditLog
+
+        #: Administrative changes (``team/audit.py``): written by the routes and the CLI.
+        self.audit = AuditLog(db, instance=self.instance)
+        self.routes.append(("GET", ("v1", "audit"), self.audit_list, True))
 
     # -- dispatch -------------------------------------------------------------------------
     def dispatch(self, req: Request) -> tuple[int, Any]:
@@ -195,6 +225,7 @@ class TeamAPI:
             known_path = True
             if method != req.method:
                 continue
+            req.route = template(pattern)
             if auth:
                 req.access = self.directory.authenticate(_bearer(req.headers.get("Authorization")))
             args = [req.parts[i] for i, p in enumerate(pattern) if p == "*"]
@@ -212,7 +243,12 @@ class TeamAPI:
         return view
 
     # -- routes ---------------------------------------------------------------------------
+    def live(self, req: Request) -> dict:
+        """Liveness: the process serves requests (the database is not asked)."""
+        return {"live": True, "name": self.name, "version": __version__, "instance": self.instance}
+
     def health(self, req: Request) -> dict:
+        """Readiness: 503 ``team_unavailable`` while the database cannot be reached."""
         out = {"name": self.name, "version": __version__, "api": API_VERSION, "server": "localkb-team"}
         endpoint = self.chat.config.endpoint
         out["chat"] = {"model": None if endpoint is None else endpoint.model,
@@ -222,10 +258,35 @@ class TeamAPI:
         try:
             with self.db.conn() as conn:
                 conn.execute("SELECT 1")
-            out["database"] = {"ok": True, **self.db.server}
         except LocalKBError as err:
-            out["database"] = {"ok": False, "error": err.to_dict()}
+            raise TeamUnavailable(f"not ready: {err}", detail={**out, "database": {
+                "ok": False, "error": err.to_dict()}}) from err
+        out["database"] = {"ok": True, **self.db.server}
         return out
+
+    def metrics_text(self, req: Request) -> tuple[bytes, dict]:
+        """The server's figures in Prometheus text format."""
+        return self.metrics.render().encode(), {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+
+    def openapi(self, req: Request) -> tuple[bytes, dict]:
+        """This API as an OpenAPI document (built from the route table)."""
+        from localkb.team.openapi import document
+
+        doc = document(self.routes, title=f"LocalKB team server {self.name!r}", version=__version__)
+        return json.dumps(doc).encode(), {"Content-Type": "application/json"}
+
+    def _pool_gauges(self) -> dict:
+        stats = self.db.pool.get_stats()
+        size, idle = stats.get("pool_size", 0), stats.get("pool_available", 0)
+        return {(("state", "busy"),): size - idle, (("state", "idle"),): idle,
+                (("state", "waiting"),): stats.get("requests_waiting", 0)}
+
+    def audit_list(self, req: Request) -> dict:
+        """Admin: the audit log, newest first."""
+        require_admin(req.access)
+        rows, total = self.audit.list(offset=req.int_arg("offset", 0, lo=0, hi=10**9),
+                                      limit=req.int_arg("limit", 50, lo=1, hi=1000))
+        return {"audit": rows, "total": total}
 
     def me(self, req: Request) -> dict:
         return {"team": self.name, **req.access.public()}
@@ -243,6 +304,7 @@ class TeamAPI:
             req_str(data, "name", max_len=80), privacy=req_str(data, "privacy", required=False) or "device",
             model=req_str(data, "model", required=False, max_len=100),
             default_access=level_of(default) if default is not None else 0)
+        self.audit.record(req.access.user, "kb.create", rec.id, {"name": rec.name, "privacy": rec.privacy})
         return {"knowledge_base": self.system.describe(rec)}
 
     def kb_update(self, req: Request, kb: str) -> dict:
@@ -252,10 +314,13 @@ class TeamAPI:
             _ident(kb, "kb"), name=req_str(data, "name", required=False, max_len=80),
             privacy=req_str(data, "privacy", required=False),
             default_access=level_of(default) if default is not None else None)
+        self.audit.record(req.access.user, "kb.update", rec.id, {
+            k: data[k] for k in ("name", "privacy", "default_access") if k in data})
         return {"knowledge_base": self.system.describe(rec)}
 
     def kb_delete(self, req: Request, kb: str) -> dict:
         rec = self.store(req).delete_kb(_ident(kb, "kb"))
+        self.audit.record(req.access.user, "kb.delete", rec.id, {"name": rec.name})
         return {"deleted": rec.id, "name": rec.name}
 
     def search(self, req: Request) -> dict:
@@ -275,6 +340,8 @@ class TeamAPI:
             mode=req_str(data, "mode", required=False, max_len=20) or "hybrid", cutoff=cutoff,
             floor=floor, per_source=req_int(data, "per_source", 0, lo=0, hi=100) or None,
             rerank=self.reranker is not None)
+        for trace in res.trace.get("kbs", {}).values():
+            self.metrics.stages_ms({k: v for k, v in trace.items() if k.endswith("_ms")}, "search_")
         out = res.to_dict()
         self.chat.log.record(
             req.access, address=req.address, kind="team-search", query=res.query,
@@ -325,7 +392,10 @@ class TeamAPI:
         if "access" not in data:
             raise InvalidInput("'access' is required", detail={"field": "access"})
         handle = self.store(req).open_kb(_ident(kb, "kb"))
-        return handle.set_access(_ident(source, "source"), level_of(data["access"]))
+        out = handle.set_access(_ident(source, "source"), level_of(data["access"]))
+        self.audit.record(req.access.user, "source.access", f"{handle.id}/{source}",
+                          {"access": data["access"]})
+        return out
 
     def source_remove(self, req: Request, kb: str, source: str) -> dict:
         handle = self.store(req).open_kb(_ident(kb, "kb"))
@@ -371,6 +441,8 @@ class TeamAPI:
             fh.seek(0)
             report = import_kb(store, fh, name=name,
                                limits=Limits(max_compressed=self.max_import_bytes))
+        self.audit.record(req.access.user, "kb.import", str(report.to_dict().get("kb")),
+                          {"name": name, "access": LEVELS[level]})
         return {**report.to_dict(), "access": LEVELS[level]}
 
     def errors(self, req: Request) -> dict:
@@ -430,13 +502,15 @@ def _handler_class(api: TeamAPI):
 
         def _handle_one(self) -> None:
             self._body_read = False
-            started = time.perf_counter()
+            self._started = time.perf_counter()
+            self._rid = accesslog.request_id(self.headers.get("X-Request-Id"))
+            self._req = None
             split = urlsplit(self.path)
             try:
                 query = parse_qs(split.query, keep_blank_values=True, max_num_fields=50,
                                  strict_parsing=False)
-                req = Request(self.command, split.path, query, self.headers, self._read_body,
-                              json_cap=api.max_json_bytes)
+                req = self._req = Request(self.command, split.path, query, self.headers, self._read_body,
+                                          json_cap=api.max_json_bytes)
                 req.address = proxies.client_address(self.client_address[0],
                                                      self.headers.get_all("X-Forwarded-For"),
                                                      api.trusted_proxies)
@@ -446,7 +520,7 @@ def _handler_class(api: TeamAPI):
                 if isinstance(err, _NoRoute):
                     status = 404
                 result = {"ok": False, "error": err.to_dict()}
-                retry = (err.detail or {}).get("retry_after_s") if err.code == "rate_limited" else None
+                retry = (err.detail or {}).get("retry_after_s")  # rate_limited, team_busy
                 if retry:
                     result = (json.dumps(result).encode(), {
                         "Content-Type": "application/json; charset=utf-8", "Retry-After": str(retry)})
@@ -466,8 +540,26 @@ def _handler_class(api: TeamAPI):
             if not self._body_read and self.headers.get("Content-Length", "0") not in ("0", ""):
                 self.close_connection = True  # an unread body would be taken for the next request
             self._reply(status, result)
-            log.debug("%s %s -> %s in %.1f ms", self.command, split.path, status,
-                      (time.perf_counter() - started) * 1000)
+
+        def _done(self, status: int, result: Any) -> None:
+            """Count the request in the metrics and write its access-log line."""
+            seconds = time.perf_counter() - self._started
+            req = self._req
+            route = req.route if req is not None else "unmatched"
+            code = None
+            if isinstance(result, dict) and not result.get("ok", True):
+                code = result["error"].get("code")
+            elif status >= 400 and isinstance(result, tuple):
+                try:
+                    code = json.loads(result[0])["error"]["code"]
+                except (ValueError, KeyError, TypeError):
+                    code = None
+            api.metrics.request(self.command, route, status, seconds, code)
+            accesslog.record(request_id=self._rid, instance=api.instance, method=self.command,
+                             route=route, path=urlsplit(self.path).path[:300], status=status,
+                             ms=round(seconds * 1000, 2), code=code,
+                             user=req.access.user if req is not None and req.access else None,
+                             address=self.client_address[0])
 
         def _stream(self, stream) -> None:
             """Server-Sent Events: headers now, each event as it happens, the connection closed after."""
@@ -478,6 +570,7 @@ def _handler_class(api: TeamAPI):
                 self.send_header("Cache-Control", "no-store")
                 self.send_header("X-Accel-Buffering", "no")  # a proxy in front must not buffer it
                 self.send_header("Connection", "close")
+                self.send_header("X-Request-Id", self._rid)
                 self.end_headers()
                 self.wfile.flush()
 
@@ -488,6 +581,8 @@ def _handler_class(api: TeamAPI):
                 stream.run(emit)
             except (BrokenPipeError, ConnectionResetError):
                 log.info("a chat stream's client went away")
+            finally:
+                self._done(200, None)
 
         def _reply(self, status: int, result: Any) -> None:
             from localkb.team.chat import EventStream
@@ -501,6 +596,8 @@ def _handler_class(api: TeamAPI):
                 body = _json_bytes(result)
                 headers = {"Content-Type": "application/json; charset=utf-8"}
             try:
+                self._done(status, result)
+                headers = {**headers, "X-Request-Id": self._rid}
                 known = status in HTTPStatus._value2member_map_
                 self.send_response(status, HTTPStatus(status).phrase if known else None)
                 for k, v in headers.items():
@@ -563,7 +660,7 @@ class TeamServer(ThreadingHTTPServer):
 def serve(db_url: str | None, *, team_dir, host: str, port: int, name: str, settings: Settings,
           ready: Callable[[str], None] | None = None, stop: threading.Event | None = None,
           chat=None, rerank_model: str | None = None, allowed_hosts: tuple[str, ...] = (),
-          trusted_proxies: tuple[str, ...] = ()) -> None:
+          trusted_proxies: tuple[str, ...] = (), pool_size: int = 16, pool_wait: float = 10.0) -> None:
     """Run the team server until ``stop`` is set (the CLI sets it on SIGINT/SIGTERM).
 
     With no ``db_url`` the embedded PostgreSQL in ``team_dir`` is started first and stopped
@@ -582,7 +679,7 @@ def serve(db_url: str | None, *, team_dir, host: str, port: int, name: str, sett
             pg.acquire(wait=True)
             db_url = pg.start()
     try:
-        db = Database(db_url)
+        db = Database(db_url, max_size=pool_size, wait=pool_wait)
         try:
             api = TeamAPI(db, settings, name=name, chat=chat, allowed_hosts=allowed_hosts,
                           trusted_proxies=trusted_proxies)
