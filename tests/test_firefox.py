@@ -610,7 +610,7 @@ def test_sidebar_add_this_tab_saves_the_active_tab_and_shows_the_report(ff, page
 def test_toolbar_add_this_tab_saves_to_the_default_kb_chosen_on_the_options_page(ff, pages, tabs_kb, home):
     options = ff.open("options.html", width=1100, height=900)
     options.wait_for("() => document.body.dataset.ready === 'true'")
-    options.click(_button("Save to Tabs from the right-click menu"))
+    options.click(_button("Make default: save to Tabs from the right-click menu"))
     options.wait_for("(id) => document.querySelector(`#kb-table tr[data-kb=\"${id}\"]`)"
                      "?.classList.contains('default')", tabs_kb["id"])
     options.close()
@@ -651,7 +651,9 @@ def test_chat_history_survives_a_restart_and_the_sidebar_reads_in_dark(extension
         titles = [t.split("\n")[0] for t in panel.texts("#chat-list .chat-item .open")]
         assert titles == ["When does the garage open?", QUESTION], titles
         _shots(panel, "chats", "dark")
-        panel.click(_button(f"Open chat {QUESTION}"))
+        # a chat's button is named by what it shows: its title (then its date)
+        panel.click("(q) => [...document.querySelectorAll('#chat-list .open')]"
+                    ".find((b) => b.querySelector('.t')?.textContent === q)", QUESTION)
         panel.wait_for("(q) => [...document.querySelectorAll('.turn-user .bubble')].map((b) => b.innerText)"
                        ".join('|') === q", QUESTION)
         assert panel.eval("() => document.querySelectorAll('.turn-assistant .answer a.cite').length") >= 1
