@@ -193,9 +193,17 @@ class TeamChat:
         stream = req_bool(data, "stream") or "text/event-stream" in (req.headers.get("Accept") or "")
 
         def turn(emit=None) -> dict:
-            if emit is not None:  # the stages so far; run_turn's follow as each is over (live page)
-                for stage in ("guard_in", "limits", "access"):
-                    emit("stage", {"stage": stage, "ms": stages[stage]})
+            # The live page's stages: those before the turn go out with its first own stage, so a
+            # turn refused before it searched (an unknown or ungranted knowledge base) streams only
+            # its error, the same whether the knowledge base exists or not.
+            earlier = ["guard_in", "limits", "access"]
+
+            def on_stage(stage: str, ms: float) -> None:
+                while earlier:
+                    first = earlier.pop(0)
+                    emit("stage", {"stage": first, "ms": stages[first]})
+                emit("stage", {"stage": stage, "ms": ms})
+
             try:
                 result = run_turn(
                     store, kbs, message, history=history, endpoint=self.config.endpoint,
@@ -204,7 +212,7 @@ class TeamChat:
                     on_step=(lambda s: emit("step", s)) if emit else None,
                     on_token=(lambda t: emit("token", {"text": t})) if emit else None,
                     on_provenance=(lambda ids: emit("provenance", {"kbs": ids})) if emit else None,
-                    on_stage=(lambda stage, ms: emit("stage", {"stage": stage, "ms": ms})) if emit else None)
+                    on_stage=on_stage if emit else None)
                 out = result.to_dict()
                 t1 = time.perf_counter()
                 checked = check_output(out, store)
