@@ -50,9 +50,10 @@ from localkb.team.guard import Policy, check_input, check_output
 from localkb.team.limits import Caps, RateLimiter
 from localkb.team.querylog import QueryLog
 
-#: Off: the semantic tier never serves. The measurement (bench/team.py, RESULTS.md "Semantic threshold, measured")
-#: found claims that contradict each other at a higher cosine than same-verdict pairs at every
-#: threshold from 0.80 to 0.95, so no cosine alone is a safe default for this model.
+#: Off: the semantic tier never serves. The measurement (bench/team.py, RESULTS.md "Semantic
+#: threshold, measured") found claims that contradict each other at a higher cosine than
+#: same-verdict pairs at every threshold from 0.80 to 0.95, so no cosine alone is a safe
+#: default for this model.
 DEFAULT_SEMANTIC_THRESHOLD: float | None = None
 STAGE_ORDER = ("guard_in", "limits", "access", "cache", "rewrite", "embed", "vector", "keyword",
                "fuse", "rerank", "generate", "guard_out", "log")
