@@ -1,11 +1,20 @@
-"""Shared by the benchmarks: where SciFact is, a fallback text generator, and how rounds are interleaved."""
+"""Shared by the benchmarks: where SciFact is, a fallback text generator, how rounds are
+interleaved, and ``--record``, which appends what a bench printed to RESULTS.md."""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import datetime
+import io
 import json
 import os
 import random
+import shlex
 import statistics
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,3 +101,87 @@ def rotated(items: list, r: int) -> list:
 def spread(values: list[float], fmt: str = ".2f") -> str:
     """min/median/max of ``values``, the way every bench prints a figure measured over rounds."""
     return "/".join(format(v, fmt) for v in (min(values), statistics.median(values), max(values)))
+
+
+BENCH_LOG = "## Bench log"
+
+
+def results_path() -> Path:
+    """The results file ``--record`` appends to: RESULTS.md at the root (``LOCALKB_RESULTS`` overrides)."""
+    return Path(os.environ.get("LOCALKB_RESULTS") or REPO / "RESULTS.md")
+
+
+def _commit() -> str:
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, check=False)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "host", "bench", "evals")
+    return f"{head} (with uncommitted changes)" if dirty else head
+
+
+def record(printed: str, command: str, path: Path | None = None) -> None:
+    """Append one entry (UTC date, commit, the command line, what it printed) to the bench log.
+
+    The entry goes at the end of the file, under ``## Bench log`` (added when missing), so
+    everything above it stays byte for byte as it was.
+    """
+    path = path or results_path()
+    text = path.read_text(encoding="utf-8") if path.exists() else "# LocalKB — results\n"
+    head = "" if text.endswith("\n") else "\n"
+    if f"\n{BENCH_LOG}\n" not in f"\n{text}":
+        head += f"\n{BENCH_LOG}\n"
+    body = printed.rstrip("\n")
+    fence = "```"
+    while fence in body:
+        fence += "`"
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
+    entry = f"{head}\n### {date} · {_commit()} · `{command}`\n\n{fence}text\n{body}\n{fence}\n"
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(entry)
+
+
+def add_record_flag(ap: argparse.ArgumentParser) -> None:
+    """The ``--record`` flag every bench that prints a table takes."""
+    ap.add_argument("--record", action="store_true",
+                    help="append what this run prints, dated, to RESULTS.md's bench log "
+                    "(LOCALKB_RESULTS: another file)")
+
+
+class _Tee(io.TextIOBase):
+    def __init__(self, out) -> None:
+        self.out, self.kept = out, io.StringIO()
+
+    def write(self, s: str) -> int:
+        self.kept.write(s)
+        return self.out.write(s)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+@contextlib.contextmanager
+def recorded(on: bool, command: str | None = None) -> Iterator[None]:
+    """Run the block; with ``on``, what it prints goes to stdout and, once it ends without an
+    error, into the bench log as one entry (``command``: the line to show, default this one)."""
+    if not on:
+        yield
+        return
+    script = Path(sys.argv[0]).resolve()
+    shown = script.relative_to(REPO) if script.is_relative_to(REPO) else Path(sys.argv[0])
+    command = command or shlex.join(["python", str(shown), *sys.argv[1:]])
+    tee = _Tee(sys.stdout)
+    sys.stdout = tee
+    try:
+        yield
+    finally:
+        sys.stdout = tee.out
+    record(tee.kept.getvalue(), command)
+
+
+if __name__ == "__main__":
+    # python bench/_common.py record FILE COMMAND...: append FILE (a shell bench's output).
+    if len(sys.argv) < 4 or sys.argv[1] != "record":
+        sys.exit("usage: python bench/_common.py record PRINTED_FILE COMMAND...")
+    record(Path(sys.argv[2]).read_text(encoding="utf-8"), shlex.join(sys.argv[3:]))

@@ -31,6 +31,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import add_record_flag, recorded
+
 DOC = Path("/usr/share/doc")
 _MARKS = re.compile(r"[`*\\]")
 _QUALIFIER = re.compile(r"\s*\(.*\)\s*$")
@@ -212,12 +215,14 @@ def main() -> None:
     parser.add_argument("--pages", type=int, default=150, help="pages sampled per set (0: all)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--worst", type=int, default=8, help="pages with most misses to list")
+    add_record_flag(parser)
     args = parser.parse_args()
-    from localkb.embedding.embedder import MiniLMEmbedder
+    with recorded(args.record):
+        from localkb.embedding.embedder import MiniLMEmbedder
 
-    count = MiniLMEmbedder().count_tokens
-    for name in args.sets:
-        measure(name, args.pages, args.seed, args.worst, count)
+        count = MiniLMEmbedder().count_tokens
+        for name in args.sets:
+            measure(name, args.pages, args.seed, args.worst, count)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import SCIFACT, scifact_docs
+from _common import SCIFACT, add_record_flag, recorded, scifact_docs
 
 
 def build_pdf(path: Path, docs: list[dict]) -> Path:
@@ -109,7 +109,13 @@ def main() -> None:
     ap.add_argument("--pages", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--questions", type=int, default=6, help="asked of pages 1..N, each once per side")
+    add_record_flag(ap)
     args = ap.parse_args()
+    with recorded(args.record):
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
     docs = scifact_docs(args.pages)
     real = (SCIFACT / "corpus.jsonl").exists()
     with tempfile.TemporaryDirectory() as tmp:

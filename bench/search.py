@@ -43,7 +43,16 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import SCIFACT, installed_env, rotated, scifact_docs, source_tree_start, spread
+from _common import (
+    SCIFACT,
+    add_record_flag,
+    installed_env,
+    recorded,
+    rotated,
+    scifact_docs,
+    source_tree_start,
+    spread,
+)
 
 from localkb.config import Settings
 from localkb.ingest.chunk import passage_text
@@ -469,54 +478,56 @@ def main() -> None:
     ap.add_argument("--build-only", action="store_true", help="build (and cache) the knowledge bases")
     ap.add_argument("--whoosh-up-to", type=int, default=None,
                     help="above this many passages build and measure tantivy only (what auto uses there)")
+    add_record_flag(ap)
     args = ap.parse_args()
-    root = Path(args.cache)
-    qs = queries(args.queries)
-    print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores "
-          "(a shared machine: read the ratios)")
-    for size in args.sizes:
-        wanted = ENGINES if args.whoosh_up_to is None or size <= args.whoosh_up_to else ("tantivy",)
-        home = build(root, size, args.real_vectors_up_to, wanted)
-        engines = built_engines(home)
-        built = json.loads((home / "built.json").read_text())
-        if args.build_only:
-            print(f"built {size}: {built}", flush=True)
-            continue
-        n = built["chunks"]
-        print(f"\n== {n:,} passages: {built['text']}; {built['vectors']}; indexes rebuilt from the "
-              f"catalogue in (s): {built['index_s']}")
-        store = Store(settings_for(home))
-        lat: dict[tuple[str, str], list[float]] = {}
-        p50s: dict[tuple[str, str], list[float]] = {}
-        stages: dict[tuple[str, str], dict] = {}
-        for r in range(args.rounds):
-            order = rotated(list(engines), r)
-            for e in order:
-                use_engine(store, e)
-                Searcher(store).search(["bench"], "warm up")
-                modes = ("vector", "keyword", "hybrid") if e == order[0] else ("keyword", "hybrid")
-                for mode, (ms, st) in run_modes(store, qs, modes).items():
-                    key = ("any" if mode == "vector" else e, mode)
-                    lat.setdefault(key, []).extend(ms)
-                    p50s.setdefault(key, []).append(statistics.median(ms))
-                    into = stages.setdefault(key, {})
-                    for name, v in st.items():
-                        into.setdefault(name, []).extend(v)
-        print(f"{'passages':>8} {'engine':8} {'mode':8} {'p50 ms':>7} {'p95 ms':>7}  "
-              "per-round p50 min/med/max   where the time goes (median ms)")
-        for (e, mode), ms in sorted(lat.items(), key=lambda kv: (kv[0][1] != "vector", kv[0])):
-            where = "  ".join(f"{k} {statistics.median(v):.2f}" for k, v in stages[(e, mode)].items())
-            print(f"{n:8} {e:8} {mode:8} {statistics.median(ms):7.1f} {pct(ms, .95):7.1f}  "
-                  f"{spread(p50s[(e, mode)]):>22}   {where}")
-        for mode in ("keyword", "hybrid") if len(engines) == 2 else ():
-            ratio = [w / t for w, t in zip(p50s[("whoosh", mode)], p50s[("tantivy", mode)], strict=True)]
-            print(f"{n:8} {mode} p50 whoosh/tantivy per round min/med/max {spread(ratio)}")
-        if len(engines) < len(ENGINES):
-            print(f"{n:8} keyword engines measured: {', '.join(engines)} (the others were not built at "
-                  "this size: --whoosh-up-to)")
-        keyword_row(home, store, qs, args.rounds, engines)
-        store.close()
-        cold_and_writes(home, Store(settings_for(home)), qs, args.rounds, n, engines)
+    with recorded(args.record):
+        root = Path(args.cache)
+        qs = queries(args.queries)
+        print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores "
+              "(a shared machine: read the ratios)")
+        for size in args.sizes:
+            wanted = ENGINES if args.whoosh_up_to is None or size <= args.whoosh_up_to else ("tantivy",)
+            home = build(root, size, args.real_vectors_up_to, wanted)
+            engines = built_engines(home)
+            built = json.loads((home / "built.json").read_text())
+            if args.build_only:
+                print(f"built {size}: {built}", flush=True)
+                continue
+            n = built["chunks"]
+            print(f"\n== {n:,} passages: {built['text']}; {built['vectors']}; indexes rebuilt from the "
+                  f"catalogue in (s): {built['index_s']}")
+            store = Store(settings_for(home))
+            lat: dict[tuple[str, str], list[float]] = {}
+            p50s: dict[tuple[str, str], list[float]] = {}
+            stages: dict[tuple[str, str], dict] = {}
+            for r in range(args.rounds):
+                order = rotated(list(engines), r)
+                for e in order:
+                    use_engine(store, e)
+                    Searcher(store).search(["bench"], "warm up")
+                    modes = ("vector", "keyword", "hybrid") if e == order[0] else ("keyword", "hybrid")
+                    for mode, (ms, st) in run_modes(store, qs, modes).items():
+                        key = ("any" if mode == "vector" else e, mode)
+                        lat.setdefault(key, []).extend(ms)
+                        p50s.setdefault(key, []).append(statistics.median(ms))
+                        into = stages.setdefault(key, {})
+                        for name, v in st.items():
+                            into.setdefault(name, []).extend(v)
+            print(f"{'passages':>8} {'engine':8} {'mode':8} {'p50 ms':>7} {'p95 ms':>7}  "
+                  "per-round p50 min/med/max   where the time goes (median ms)")
+            for (e, mode), ms in sorted(lat.items(), key=lambda kv: (kv[0][1] != "vector", kv[0])):
+                where = "  ".join(f"{k} {statistics.median(v):.2f}" for k, v in stages[(e, mode)].items())
+                print(f"{n:8} {e:8} {mode:8} {statistics.median(ms):7.1f} {pct(ms, .95):7.1f}  "
+                      f"{spread(p50s[(e, mode)]):>22}   {where}")
+            for mode in ("keyword", "hybrid") if len(engines) == 2 else ():
+                ratio = [w / t for w, t in zip(p50s[("whoosh", mode)], p50s[("tantivy", mode)], strict=True)]
+                print(f"{n:8} {mode} p50 whoosh/tantivy per round min/med/max {spread(ratio)}")
+            if len(engines) < len(ENGINES):
+                print(f"{n:8} keyword engines measured: {', '.join(engines)} (the others were not built at "
+                      "this size: --whoosh-up-to)")
+            keyword_row(home, store, qs, args.rounds, engines)
+            store.close()
+            cold_and_writes(home, Store(settings_for(home)), qs, args.rounds, n, engines)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,9 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from _common import add_record_flag, recorded  # noqa: E402 - the bench folder, not a package
+
 DOCS = Path("/usr/share/doc/postgresql-doc-15/html")
 CACHE = Path(os.environ.get("TMPDIR", tempfile.gettempdir())) / "localkb-team-load"
 REPLY = " ".join(f"word{i}" for i in range(49)) + " [1]."  # 50 tokens (tests/fakellm.split_tokens)
@@ -270,66 +273,68 @@ def main() -> None:
     ap.add_argument("--random-vectors", action="store_true",
                     help="random unit vectors instead of the real model's (a quicker build; HNSW walks "
                     "random vectors far longer than real ones)")
+    add_record_flag(ap)
     args = ap.parse_args()
+    with recorded(args.record):
+        from localkb.team.embedded import EmbeddedPostgres
 
-    from localkb.team.embedded import EmbeddedPostgres
+        CACHE.mkdir(parents=True, exist_ok=True)
+        pg = EmbeddedPostgres(CACHE / "pg")
+        pg.acquire(wait=True)
+        base_url = pg.start()
+        facts_file = CACHE / f"facts-{args.passages}{'-random' if args.random_vectors else ''}.json"
+        llm = None
+        try:
+            if args.rebuild or not facts_file.exists():
+                print(f"building the load database in {CACHE} (once)", flush=True)
+                for old in CACHE.glob("facts-*.json"):  # one database: the other build is gone
+                    old.unlink()
+                facts_file.write_text(json.dumps(build(base_url, args.passages,
+                                                       random_vectors=args.random_vectors)))
+            facts = json.loads(facts_file.read_text())
+            import psycopg
 
-    CACHE.mkdir(parents=True, exist_ok=True)
-    pg = EmbeddedPostgres(CACHE / "pg")
-    pg.acquire(wait=True)
-    base_url = pg.start()
-    facts_file = CACHE / f"facts-{args.passages}{'-random' if args.random_vectors else ''}.json"
-    llm = None
-    try:
-        if args.rebuild or not facts_file.exists():
-            print(f"building the load database in {CACHE} (once)", flush=True)
-            for old in CACHE.glob("facts-*.json"):  # one database: the other build is gone
-                old.unlink()
-            facts_file.write_text(json.dumps(build(base_url, args.passages,
-                                                   random_vectors=args.random_vectors)))
-        facts = json.loads(facts_file.read_text())
-        import psycopg
-
-        url = psycopg.conninfo.make_conninfo(base_url, dbname="load")
-        llm_port = free_port()
-        llm = fake_model(llm_port, args.delay)
-        runs = [("A", Path(args.code), args.server_arg)]
-        if args.compare:
-            runs.append(("B", Path(args.compare), []))
-        print(f"load: {facts['passages']:,} passages, 5 users' tokens, model 50 tokens x "
-              f"{args.delay * 1000:.0f} ms; uptime: {os.getloadavg()}")
-        for name, code, extra in runs:
-            print(f"  {name}: {code} {' '.join(extra)}")
-        print(f"{'run':3} {'users':>5} {'req/s':>7} {'search p50':>10} {'p95':>7} {'chat p50':>9} "
-              f"{'p95':>7} {'errors':>7} {'RSS MiB':>8}  errors by kind")
-        summary: dict[tuple[str, int], float] = {}
-        for users in args.users:
+            url = psycopg.conninfo.make_conninfo(base_url, dbname="load")
+            llm_port = free_port()
+            llm = fake_model(llm_port, args.delay)
+            runs = [("A", Path(args.code), args.server_arg)]
+            if args.compare:
+                runs.append(("B", Path(args.compare), []))
+            print(f"load: {facts['passages']:,} passages, 5 users' tokens, model 50 tokens x "
+                  f"{args.delay * 1000:.0f} ms; uptime: {os.getloadavg()}")
             for name, code, extra in runs:
-                proc, addr = start_server(code, url, llm_port, extra)
-                try:
-                    warm(addr, facts)
-                    r = Load(addr, facts, users, args.seconds).run()
-                    rss = rss_mib(proc.pid)
-                finally:
-                    proc.terminate()
-                    proc.wait(timeout=120)
-                summary[(name, users)] = r["rps"]
-                nerr = sum(r["errors"].values())
-                print(f"{name:3} {users:5d} {r['rps']:7.1f} {r['search p50']:9.2f}s {r['search p95']:6.2f}s "
-                      f"{r['chat p50']:8.2f}s {r['chat p95']:6.2f}s {nerr:7d} {rss:8.0f}  "
-                      f"{r['errors'] or ''}", flush=True)
-        if args.compare:
+                print(f"  {name}: {code} {' '.join(extra)}")
+            print(f"{'run':3} {'users':>5} {'req/s':>7} {'search p50':>10} {'p95':>7} {'chat p50':>9} "
+                  f"{'p95':>7} {'errors':>7} {'RSS MiB':>8}  errors by kind")
+            summary: dict[tuple[str, int], float] = {}
             for users in args.users:
-                a, b = summary[("A", users)], summary[("B", users)]
-                print(f"  {users} users: A / B throughput {a / b if b else float('nan'):.2f}x")
-        print(f"uptime after: {os.getloadavg()}; median req/s over A: "
-              f"{statistics.median(v for (n, _), v in summary.items() if n == 'A'):.1f}")
-    finally:
-        if llm is not None:
-            llm.terminate()
-            llm.wait()
-        pg.stop()
-        pg.release()
+                for name, code, extra in runs:
+                    proc, addr = start_server(code, url, llm_port, extra)
+                    try:
+                        warm(addr, facts)
+                        r = Load(addr, facts, users, args.seconds).run()
+                        rss = rss_mib(proc.pid)
+                    finally:
+                        proc.terminate()
+                        proc.wait(timeout=120)
+                    summary[(name, users)] = r["rps"]
+                    nerr = sum(r["errors"].values())
+                    print(f"{name:3} {users:5d} {r['rps']:7.1f} {r['search p50']:9.2f}s "
+                          f"{r['search p95']:6.2f}s {r['chat p50']:8.2f}s {r['chat p95']:6.2f}s "
+                          f"{nerr:7d} {rss:8.0f}  "
+                          f"{r['errors'] or ''}", flush=True)
+            if args.compare:
+                for users in args.users:
+                    a, b = summary[("A", users)], summary[("B", users)]
+                    print(f"  {users} users: A / B throughput {a / b if b else float('nan'):.2f}x")
+            print(f"uptime after: {os.getloadavg()}; median req/s over A: "
+                  f"{statistics.median(v for (n, _), v in summary.items() if n == 'A'):.1f}")
+        finally:
+            if llm is not None:
+                llm.terminate()
+                llm.wait()
+            pg.stop()
+            pg.release()
 
 
 if __name__ == "__main__":

@@ -37,6 +37,8 @@ from dataclasses import replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "bench"))
+from _common import add_record_flag, recorded  # noqa: E402 - the bench folder, not a package
 
 #: The battery: each set and its fixed page sample (by a hash of the pages' paths).
 SETS = {
@@ -193,21 +195,23 @@ def main() -> None:
                     help="drop the kept indexes first (after a change to extraction, chunking or the model)")
     ap.add_argument("--rebuild", action="store_true", help="rebuild the sets from the docs too")
     ap.add_argument("--json", type=Path, help="also write every set's figures there")
+    add_record_flag(ap)
     args = ap.parse_args()
-    args.cache.mkdir(parents=True, exist_ok=True)
-    results = []
-    for name in args.sets:
-        set_dir = args.cache / name
-        make(name, set_dir, SETS[name], again=args.rebuild)
-        if args.reindex:
-            shutil.rmtree(_index(set_dir), ignore_errors=True)
-        print(f"{name}: scoring ({args.split})", file=sys.stderr, flush=True)
-        results.append(score(name, set_dir, args.split))
-    pool = pooled(results)
-    if args.json:
-        args.json.write_text(json.dumps({"sets": results, "pooled": pool}, indent=1))
-    print(f"real-docs battery, {args.split} split; index kept under {args.cache}")
-    print(table(results, pool))
+    with recorded(args.record):
+        args.cache.mkdir(parents=True, exist_ok=True)
+        results = []
+        for name in args.sets:
+            set_dir = args.cache / name
+            make(name, set_dir, SETS[name], again=args.rebuild)
+            if args.reindex:
+                shutil.rmtree(_index(set_dir), ignore_errors=True)
+            print(f"{name}: scoring ({args.split})", file=sys.stderr, flush=True)
+            results.append(score(name, set_dir, args.split))
+        pool = pooled(results)
+        if args.json:
+            args.json.write_text(json.dumps({"sets": results, "pooled": pool}, indent=1))
+        print(f"real-docs battery, {args.split} split; index kept under {args.cache}")
+        print(table(results, pool))
 
 
 if __name__ == "__main__":

@@ -291,7 +291,7 @@ def test_doctor_finds_and_repairs_a_broken_tantivy_index(store, kb):
 
 def test_auto_writes_a_small_knowledge_base_with_tantivy(store, kb):
     # tantivy is Whoosh's equal on search at small sizes and a quarter of its CPU per
-    # passage written (DESIGN "Which engine, by measurement"), so ``auto`` is tantivy at any size.
+    # passage written (RESULTS.md "Which engine, by measurement"), so ``auto`` is tantivy at any size.
     assert kb.record.settings["keyword_engine"] == "auto"
     _fill(kb, 3)
     rec = store.resolve("Docs")

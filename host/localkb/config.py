@@ -32,7 +32,7 @@ class Settings:
     embed_batch_size: int = 32
     #: Passage size in model tokens, title line included. The model reads up to 256, but it
     #: was trained on pairs of at most 128 and matches short passages better (SciFact
-    #: vector nDCG@10: 256 -> 0.654, 128 -> 0.676, 96 -> 0.692; DESIGN.md "As built").
+    #: vector nDCG@10: 256 -> 0.654, 128 -> 0.676, 96 -> 0.692; RESULTS.md "Passage size").
     max_chunk_tokens: int = 96
     chunk_overlap_tokens: int = 16
     #: Relevance floor on cosine similarity; hits below it are "weaker matches".

@@ -344,7 +344,8 @@ def quantise_per_token(model: Any) -> Any:
     to itself alone), and an ingest's batches depend on what its reader had ready. A
     row's scale here is a function of that token's own activations, which in BERT depend
     only on its own text; the vectors are also nearer fp32 (mean cosine 0.9975 against
-    0.9941 over 400 SciFact passages) at the same speed (DESIGN.md, "Model variants").
+    0.9941 over 400 SciFact passages) at the same speed (RESULTS.md, "A text's vector is a
+    function of the text").
     An input read by several MatMuls (the query, key and value projections) is quantised
     once.
     """

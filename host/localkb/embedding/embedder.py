@@ -41,7 +41,7 @@ def session_options(threads: int):
     chunking) and the host, on machines with few cores shared with everything else. A
     spinning pool thread waiting at a barrier for a peer the OS has descheduled burns a
     core for nothing; on the shared 2-core machine spinning cost the bare model and the
-    ingest a third more CPU time for the same passages (DESIGN.md, "An ingest is a job").
+    ingest a third more CPU time for the same passages (RESULTS.md, "An ingest is a job of two threads").
     """
     import onnxruntime as ort
 

@@ -272,7 +272,7 @@ def _specific_title(title: str | None, declared: DeclaredTitles, heading: str | 
     the page's ``<title>`` that names the page, else to the page's first heading.
 
     Decided from the page alone: a title shared by many pages of one knowledge base needs
-    the store to see (DESIGN.md).
+    the store to see (DESIGN.md "Extraction").
     """
     if not title or not _names_site(title, declared):
         return title

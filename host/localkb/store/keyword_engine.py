@@ -9,7 +9,7 @@ is derived, so switching rebuilds it from the catalogue.
 
 ``auto`` (the default) is tantivy at every size: at 3,000 passages it is Whoosh's equal on
 search and above that faster, and it writes each passage for about a quarter of Whoosh's
-CPU, which an add spends beside the model (DESIGN.md "Which engine, by measurement" has
+CPU, which an add spends beside the model (RESULTS.md "Which engine, by measurement" has
 the figures). An ``auto`` knowledge base that an earlier rule wrote with Whoosh is moved
 on its next open, its index rebuilt from the catalogue. ``whoosh`` pins Whoosh.
 """

@@ -78,7 +78,7 @@ FANOUT = 4
 MAX_GRAPH_SEGMENTS = 2
 #: Flat segments a write may leave before it compacts inline (the backstop when compaction has
 #: not run: ``compact`` is meant to run beside the writes, see ``VectorIndex.fold``). Each flat
-#: segment of at most 4,096 vectors is one exact scan per search; the figures are in DESIGN.md.
+#: segment of at most 4,096 vectors is one exact scan per search; the figures are in RESULTS.md.
 MAX_FLAT_SEGMENTS = 12
 #: Changed vectors a long write (a big source's switch, a catch-up: ``KnowledgeBase._apply``)
 #: holds in memory before it spills them to a flat segment (``VectorIndex.spill``): 8,192 of

@@ -15,7 +15,7 @@ One turn, in order — each stage timed, and the times returned, logged and draw
     cache      exact tier: (access set, KBs with generations, model, options, normalised query),
                before any embedding; semantic tier: the query embedding against earlier
                ones under the same key parts, at the configured cosine (off by default: see
-               DESIGN "Team chat", the measurement behind it)
+               RESULTS.md "Semantic threshold, measured", the measurement behind it)
     embed      the query embedded once, for the semantic tier and every vector leg
     retrieve   vector and keyword legs filtered by access inside their SQL; fused
     rerank     the cross-encoder over the top 50, when a model file is configured
@@ -50,9 +50,10 @@ from localkb.team.guard import Policy, check_input, check_output
 from localkb.team.limits import Caps, RateLimiter
 from localkb.team.querylog import QueryLog
 
-#: Off: the semantic tier never serves. The measurement (bench/team.py, DESIGN "Team chat")
-#: found claims that contradict each other at a higher cosine than same-verdict pairs at every
-#: threshold from 0.80 to 0.95, so no cosine alone is a safe default for this model.
+#: Off: the semantic tier never serves. The measurement (bench/team.py, RESULTS.md "Semantic
+#: threshold, measured") found claims that contradict each other at a higher cosine than
+#: same-verdict pairs at every threshold from 0.80 to 0.95, so no cosine alone is a safe
+#: default for this model.
 DEFAULT_SEMANTIC_THRESHOLD: float | None = None
 STAGE_ORDER = ("guard_in", "limits", "access", "cache", "rewrite", "embed", "vector", "keyword",
                "fuse", "rerank", "generate", "guard_out", "log")
